@@ -1,0 +1,206 @@
+"""Synthetic click logs in the raw Criteo format, for preprocessing and the demo.
+
+    python -m dataloading.criteo_tsv --output_dir raw/ --days 3 --rows_per_day 100000
+
+Each line: label, I1..I13 (integer counts, possibly negative), C1..C26 (8
+lowercase hex digits), tab-separated, an empty field for a missing value, one
+file per day (`day_0`, `day_1`, ...; `.gz` with --gzip). Labels come from the
+same teacher model as `dataloading.synthetic`, applied to what preprocessing
+keeps (log-transformed counts, categorical values), so a model trained on the
+preprocessed output has signal to learn.
+
+Options add what real logs contain: rows whose trailing empty fields are cut
+off (`short_row_fraction`), and malformed rows (`malformed_rows_per_day`: wrong
+field count, non-integer count, malformed categorical), counted in the report.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import gzip
+import os
+import shutil
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import IO
+
+import numpy as np
+
+from dataloading.synthetic import DEFAULT_CARDINALITIES, build_teacher
+from dataloading.teacher import FeatureSampler, Teacher, splitmix64
+
+NUM_INTEGER = 13
+NUM_CATEGORICAL = 26
+MALFORMED_KINDS = ("field_count", "numerical", "categorical")
+_MULTIPLIER = 0x9E3779B1  # odd: k -> k * M mod 2^32 is a bijection
+
+
+@dataclasses.dataclass(frozen=True)
+class CriteoLogReport:
+    files: tuple[Path, ...]
+    rows_per_file: tuple[int, ...]  # lines written, malformed ones included
+    malformed: dict[str, int]  # lines per kind, over all files
+    positives: int  # label-1 lines among the well-formed ones
+
+
+def categorical_values(table: int, ids: np.ndarray, seed: int) -> np.ndarray:
+    """The 32-bit value written for vocabulary index `ids` of `table` (bijective per table)."""
+    key = int(splitmix64(np.array([seed * 1000 + table]))[0]) & 0xFFFFFFFF
+    with np.errstate(over="ignore"):
+        return ((ids.astype(np.uint64) * np.uint64(_MULTIPLIER)) & np.uint64(0xFFFFFFFF)) ^ np.uint64(key)
+
+
+def generate_criteo_tsv(
+    output_dir: str | os.PathLike[str],
+    days: int = 3,
+    rows_per_day: int = 100_000,
+    cardinalities: Sequence[int] = DEFAULT_CARDINALITIES,
+    exponent: float = 1.1,
+    positive_rate: float = 0.25,
+    seed: int = 0,
+    use_gzip: bool = False,
+    short_row_fraction: float = 0.0,
+    malformed_rows_per_day: int = 0,
+    chunk_rows: int = 200_000,
+    overwrite: bool = False,
+    progress: Callable[[str], None] | None = None,
+) -> CriteoLogReport:
+    """Writes `days` Criteo-format day files into `output_dir`."""
+    if len(cardinalities) != NUM_CATEGORICAL:
+        raise ValueError(
+            f"cardinalities: expected {NUM_CATEGORICAL} values (C1..C26), got {len(cardinalities)}"
+        )
+    output = Path(output_dir)
+    if output.exists() and any(output.iterdir()) and not overwrite:
+        raise FileExistsError(
+            f"{output}: output directory exists and is not empty; expected a new or empty "
+            f"directory (pass overwrite=True / --overwrite to replace it)"
+        )
+    sampler = FeatureSampler(NUM_INTEGER, tuple(cardinalities), (1,) * NUM_CATEGORICAL, exponent)
+    teacher = build_teacher(sampler, seed, positive_rate)
+    staging = output.with_name(f".{output.name}.partial")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    malformed = dict.fromkeys(MALFORMED_KINDS, 0)
+    names, counts, positives = [], [], 0
+    streams = np.random.SeedSequence([seed, 0xC417E0]).spawn(days)
+    for day, stream in enumerate(streams):
+        name = f"day_{day}" + (".gz" if use_gzip else "")
+        rng = np.random.default_rng(stream)
+        bad_at = set(rng.choice(rows_per_day, size=min(malformed_rows_per_day, rows_per_day),
+                                replace=False).tolist())
+        opener = gzip.open if use_gzip else open
+        start = time.monotonic()
+        with opener(staging / name, "wt") as out:  # type: ignore[operator]
+            for done in range(0, rows_per_day, chunk_rows):
+                n = min(chunk_rows, rows_per_day - done)
+                lines, pos = _lines(sampler, teacher, rng, n, seed, short_row_fraction)
+                positives += pos
+                for offset in sorted(i - done for i in bad_at if done <= i < done + n):
+                    kind = MALFORMED_KINDS[(offset + day) % len(MALFORMED_KINDS)]
+                    positives -= lines[offset].startswith("1\t")
+                    lines[offset] = _malform(lines[offset], kind)
+                    malformed[kind] += 1
+                _write(out, lines)
+                if progress is not None:
+                    rate = (done + n) / max(time.monotonic() - start, 1e-9)
+                    progress(f"[criteo_tsv] {name}: {done + n:,}/{rows_per_day:,} rows "
+                             f"({rate:,.0f} rows/s)")
+        names.append(name)
+        counts.append(rows_per_day)
+    if output.exists():
+        shutil.rmtree(output)
+    os.replace(staging, output)
+    return CriteoLogReport(
+        files=tuple(output / n for n in names),
+        rows_per_file=tuple(counts),
+        malformed=malformed,
+        positives=positives,
+    )
+
+
+def _lines(
+    sampler: FeatureSampler,
+    teacher: Teacher,
+    rng: np.random.Generator,
+    n: int,
+    seed: int,
+    short_row_fraction: float,
+) -> tuple[list[str], int]:
+    raw = sampler.sample(rng, n)
+    short = rng.random(n) < short_row_fraction
+    # A short row is one whose last two categoricals are missing and cut off.
+    for table in (NUM_CATEGORICAL - 2, NUM_CATEGORICAL - 1):
+        raw.categorical_missing[table] = raw.categorical_missing[table] | short
+    logits = teacher.logits(raw.numerical_features(), raw.ids, raw.categorical_missing)
+    labels = teacher.sample_labels(rng, logits)
+    columns: list[list[str]] = [["1" if v else "0" for v in labels.tolist()]]
+    for j in range(NUM_INTEGER):
+        values = map(str, raw.counts[:, j].tolist())
+        missing = raw.numerical_missing[:, j].tolist()
+        columns.append([("" if m else v) for v, m in zip(values, missing, strict=True)])
+    for t in range(NUM_CATEGORICAL):
+        values = map("{:08x}".format, categorical_values(t, raw.ids[t], seed).tolist())
+        missing = raw.categorical_missing[t].tolist()
+        columns.append([("" if m else v) for v, m in zip(values, missing, strict=True)])
+    lines = ["\t".join(fields) for fields in zip(*columns, strict=True)]
+    for i in np.flatnonzero(short).tolist():
+        lines[i] = lines[i].rstrip("\t")
+    return lines, int(labels.sum())
+
+
+def _malform(line: str, kind: str) -> str:
+    fields = line.split("\t")
+    fields += [""] * (1 + NUM_INTEGER + NUM_CATEGORICAL - len(fields))
+    if kind == "field_count":
+        return "\t".join(fields[:20])  # cut in the middle: not a trailing-empty short row
+    if kind == "numerical":
+        fields[3] = "4.5x"
+    else:
+        fields[1 + NUM_INTEGER + 4] = "not-hex!"
+    return "\t".join(fields)
+
+
+def _write(out: IO[str], lines: list[str]) -> None:
+    out.write("\n".join(lines))
+    out.write("\n")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m dataloading.criteo_tsv", description=__doc__.split("\n\n")[0]
+    )
+    parser.add_argument("--output_dir", required=True)
+    parser.add_argument("--days", type=int, default=3)
+    parser.add_argument("--rows_per_day", type=int, default=100_000)
+    parser.add_argument("--exponent", type=float, default=1.1)
+    parser.add_argument("--positive_rate", type=float, default=0.25)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--gzip", action="store_true")
+    parser.add_argument("--short_row_fraction", type=float, default=0.01)
+    parser.add_argument("--malformed_rows_per_day", type=int, default=0)
+    parser.add_argument("--overwrite", action="store_true")
+    args = parser.parse_args(argv)
+    report = generate_criteo_tsv(
+        args.output_dir,
+        days=args.days,
+        rows_per_day=args.rows_per_day,
+        exponent=args.exponent,
+        positive_rate=args.positive_rate,
+        seed=args.seed,
+        use_gzip=args.gzip,
+        short_row_fraction=args.short_row_fraction,
+        malformed_rows_per_day=args.malformed_rows_per_day,
+        overwrite=args.overwrite,
+        progress=lambda line: print(line, file=sys.stderr),
+    )
+    total = sum(report.rows_per_file)
+    print(f"wrote {len(report.files)} day files, {total:,} rows, malformed {report.malformed}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

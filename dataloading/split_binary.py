@@ -1,0 +1,235 @@
+"""tf.data input of a split-binary FeatureSpec dataset, sharded per rank.
+
+Rank and world size are arguments; nothing here imports horovod. With global
+batch size G, world size W and local batch L = G / W, batch b of rank r holds:
+
+- labels, numericals and weights of global rows [b*G + r*L, b*G + (r+1)*L);
+- categorical ids, by `input_mode`:
+  - "model_parallel": the tables in `local_tables`, for the whole global batch
+    [b*G, (b+1)*G) (the rank looks them up for every rank, then alltoall);
+  - "data_parallel": every table, for the rank's local rows (ids travel later).
+
+A last batch with fewer than G rows is dropped, or padded with zero rows whose
+weight is 0, as `last_batch` says.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from typing import Any, NamedTuple
+
+import numpy as np
+import tensorflow as tf
+
+from dataloading.errors import DatasetError
+from dataloading.files import SplitBinaryFiles
+from feature_spec import FeatureSpec
+
+
+class InputMode(str, enum.Enum):
+    MODEL_PARALLEL = "model_parallel"
+    DATA_PARALLEL = "data_parallel"
+
+
+class LastBatch(str, enum.Enum):
+    DROP = "drop"
+    PAD = "pad"
+
+
+class Batch(NamedTuple):
+    """One rank's share of a global batch.
+
+    Attributes:
+        numerical: [L, n_numerical] float32.
+        categorical: [B, T] int32 when every table read is one-hot, else a tuple
+            of T tensors [B, hotness_t]; B is G (model-parallel) or L.
+        label: [L, 1] float32.
+        weight: [L, 1] float32, 1 for real rows and 0 for padding.
+    """
+
+    numerical: Any
+    categorical: Any
+    label: Any
+    weight: Any
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardSpec:
+    """Which part of each global batch a rank reads."""
+
+    global_batch_size: int
+    rank: int = 0
+    world_size: int = 1
+    local_tables: tuple[int, ...] | None = None
+    input_mode: InputMode = InputMode.MODEL_PARALLEL
+
+    def __post_init__(self) -> None:
+        if self.world_size < 1 or not 0 <= self.rank < self.world_size:
+            raise DatasetError(
+                f"rank/world_size: expected 0 <= rank < world_size, got rank={self.rank}, "
+                f"world_size={self.world_size}"
+            )
+        if self.global_batch_size < 1 or self.global_batch_size % self.world_size:
+            raise DatasetError(
+                f"global batch size: expected a positive multiple of the world size "
+                f"{self.world_size}, got {self.global_batch_size} "
+                f"(remainder {self.global_batch_size % max(self.world_size, 1)})"
+            )
+        if self.input_mode == InputMode.DATA_PARALLEL and self.local_tables is not None:
+            raise DatasetError(
+                "local_tables: data-parallel input reads every table for the local rows; "
+                "expected local_tables=None"
+            )
+
+    @property
+    def local_batch_size(self) -> int:
+        return self.global_batch_size // self.world_size
+
+
+class SplitBinaryDataset:
+    """Reads one mapping ("train", "test") of a split-binary dataset in batches.
+
+    Whole batches are read as raw bytes from memory-mapped files (page cache),
+    converted with vectorised numpy/TensorFlow ops and prefetched.
+    """
+
+    def __init__(
+        self,
+        spec: FeatureSpec,
+        mapping: str,
+        shard: ShardSpec,
+        last_batch: LastBatch | str = LastBatch.DROP,
+        check_ids: bool = False,
+    ) -> None:
+        self.spec = spec
+        self.mapping = mapping
+        self.shard = shard
+        self.last_batch = LastBatch(last_batch)
+        self.files = SplitBinaryFiles.open(spec, mapping)
+        categorical = spec.categorical_features
+        if shard.local_tables is None:
+            tables = tuple(range(len(categorical)))
+        else:
+            tables = tuple(shard.local_tables)
+            bad = [t for t in tables if not 0 <= t < len(categorical)]
+            if bad or len(set(tables)) != len(tables):
+                raise DatasetError(
+                    f"local_tables: expected distinct table indices in [0, "
+                    f"{len(categorical)}), got {list(tables)}"
+                )
+        self.tables = tables
+        self.table_features = tuple(categorical[t] for t in tables)
+        if check_ids:
+            self.files.check_ids(spec, [f.name for f in self.table_features])
+        self._one_hot = all(f.hotness == 1 for f in self.table_features)
+        self._maps: dict[str, np.ndarray] | None = None
+
+    # ------------------------------------------------------------------ sizes
+
+    @property
+    def rows(self) -> int:
+        return self.files.rows
+
+    @property
+    def num_batches(self) -> int:
+        full, remainder = divmod(self.rows, self.shard.global_batch_size)
+        return full + (1 if remainder and self.last_batch == LastBatch.PAD else 0)
+
+    @property
+    def categorical_batch_size(self) -> int:
+        if self.shard.input_mode == InputMode.MODEL_PARALLEL:
+            return self.shard.global_batch_size
+        return self.shard.local_batch_size
+
+    # ------------------------------------------------------------ numpy reads
+
+    def _memmaps(self) -> dict[str, np.ndarray]:
+        if self._maps is None:
+            maps = {"label": self.files.label.memmap()}
+            if self.files.numerical is not None:
+                maps["numerical"] = self.files.numerical.memmap()
+            for feature in self.table_features:
+                maps[feature.name] = self.files.categorical[feature.name].memmap()
+            self._maps = maps
+        return self._maps
+
+    def read_batch(self, index: int) -> Batch:
+        """Batch `index` as numpy arrays (the raw dtypes converted as in `Batch`)."""
+        if not 0 <= index < self.num_batches:
+            raise DatasetError(
+                f"batch index: expected 0 <= index < {self.num_batches}, got {index}"
+            )
+        maps = self._memmaps()
+        shard = self.shard
+        global_start = index * shard.global_batch_size
+        local_start = global_start + shard.rank * shard.local_batch_size
+        local = shard.local_batch_size
+        label = _rows(maps["label"], local_start, local).astype(np.float32).reshape(local, 1)
+        n_num = len(self.spec.numerical_features)
+        if "numerical" in maps:
+            numerical = _rows(maps["numerical"], local_start, local).astype(np.float32)
+        else:
+            numerical = np.zeros((local, n_num), np.float32)
+        valid = np.clip(self.rows - local_start, 0, local)
+        weight = np.zeros((local, 1), np.float32)
+        weight[:valid] = 1.0
+        if shard.input_mode == InputMode.MODEL_PARALLEL:
+            cat_start, cat_rows = global_start, shard.global_batch_size
+        else:
+            cat_start, cat_rows = local_start, local
+        columns = [_rows(maps[f.name], cat_start, cat_rows) for f in self.table_features]
+        categorical: Any
+        if self._one_hot:
+            categorical = np.empty((cat_rows, len(columns)), np.int32)
+            for i, column in enumerate(columns):
+                categorical[:, i] = column
+        else:
+            categorical = tuple(
+                c.astype(np.int32).reshape(cat_rows, f.hotness)
+                for c, f in zip(columns, self.table_features, strict=True)
+            )
+        return Batch(numerical=numerical, categorical=categorical, label=label, weight=weight)
+
+    # ---------------------------------------------------------------- tf.data
+
+    def to_tf_dataset(self, prefetch: int = tf.data.AUTOTUNE) -> tf.data.Dataset:
+        """A dataset of `Batch`es of tensors, one element per global batch."""
+        local = self.shard.local_batch_size
+        cat_rows = self.categorical_batch_size
+        n_num = len(self.spec.numerical_features)
+        n_tables = len(self.table_features)
+        if self._one_hot:
+            cat_shapes: list[tuple[int, ...]] = [(cat_rows, n_tables)]
+        else:
+            cat_shapes = [(cat_rows, f.hotness) for f in self.table_features]
+        shapes = [(local, n_num), *cat_shapes, (local, 1), (local, 1)]
+        dtypes = [tf.float32] + [tf.int32] * len(cat_shapes) + [tf.float32, tf.float32]
+
+        def read(index: np.ndarray) -> list[np.ndarray]:
+            batch = self.read_batch(int(index))
+            cats = [batch.categorical] if self._one_hot else list(batch.categorical)
+            return [batch.numerical, *cats, batch.label, batch.weight]
+
+        def to_batch(index: tf.Tensor) -> Batch:
+            flat = tf.numpy_function(read, [index], dtypes, stateful=False)
+            for tensor, shape in zip(flat, shapes, strict=True):
+                tensor.set_shape(shape)
+            cats = flat[1] if self._one_hot else tuple(flat[1 : 1 + len(cat_shapes)])
+            return Batch(numerical=flat[0], categorical=cats, label=flat[-2], weight=flat[-1])
+
+        dataset = tf.data.Dataset.range(self.num_batches)
+        dataset = dataset.map(to_batch, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+        return dataset.prefetch(prefetch)
+
+
+def _rows(data: np.ndarray, start: int, count: int) -> np.ndarray:
+    """Rows [start, start + count) of `data`, zero-padded past its end."""
+    stop = min(start + count, len(data))
+    part = np.asarray(data[start:stop]) if stop > start else data[:0]
+    if len(part) == count:
+        return part
+    out = np.zeros((count, *data.shape[1:]), dtype=data.dtype)
+    out[: len(part)] = part
+    return out
+

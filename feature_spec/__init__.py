@@ -1,0 +1,45 @@
+"""The dataset contract: FeatureSpec YAML + split binary files (pure Python)."""
+
+from feature_spec.criteo import (
+    CRITEO_1TB_MLPERF_CARDINALITIES,
+    CRITEO_NUM_CATEGORICAL,
+    CRITEO_NUM_NUMERICAL,
+    build_split_binary_spec,
+    criteo_feature_spec,
+)
+from feature_spec.errors import FeatureSpecError
+from feature_spec.spec import (
+    AUTO_CARDINALITY,
+    CATEGORICAL_CHANNEL,
+    LABEL_CHANNEL,
+    NUMERICAL_CHANNEL,
+    SPLIT_BINARY,
+    TEST_MAPPING,
+    TRAIN_MAPPING,
+    Chunk,
+    Feature,
+    FeatureSpec,
+    SplitFiles,
+    minimal_categorical_dtype,
+)
+
+__all__ = [
+    "AUTO_CARDINALITY",
+    "CATEGORICAL_CHANNEL",
+    "CRITEO_1TB_MLPERF_CARDINALITIES",
+    "CRITEO_NUM_CATEGORICAL",
+    "CRITEO_NUM_NUMERICAL",
+    "Chunk",
+    "Feature",
+    "FeatureSpec",
+    "FeatureSpecError",
+    "LABEL_CHANNEL",
+    "NUMERICAL_CHANNEL",
+    "SPLIT_BINARY",
+    "SplitFiles",
+    "TEST_MAPPING",
+    "TRAIN_MAPPING",
+    "build_split_binary_spec",
+    "criteo_feature_spec",
+    "minimal_categorical_dtype",
+]

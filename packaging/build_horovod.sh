@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# Builds Horovod 0.28.1 from its PyPI sdist against the TensorFlow installed in the
+# virtual environment, and installs it. Gloo always; MPI when an MPI compiler is
+# installed (mpicxx); NCCL when CUDA is present (HOROVOD_GPU_OPERATIONS=NCCL).
+#
+# The wheel is cached under $HOROVOD_WHEEL_CACHE, keyed by everything that changes
+# the binary (Python, TensorFlow, build options, the patch), so a rebuild happens
+# only when one of those changes.
+#
+# Usage: build_horovod.sh VENV_DIR
+set -euo pipefail
+
+HOROVOD_VERSION=0.28.1
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+venv="${1:?usage: build_horovod.sh VENV_DIR}"
+py="$venv/bin/python"
+cache="${HOROVOD_WHEEL_CACHE:-$here/../.cache/horovod}"
+
+export HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1
+export HOROVOD_WITH_GLOO=1
+if command -v mpicxx >/dev/null 2>&1; then
+    export HOROVOD_WITH_MPI=1
+    unset HOROVOD_WITHOUT_MPI
+else
+    export HOROVOD_WITHOUT_MPI=1
+fi
+if command -v nvcc >/dev/null 2>&1 && command -v nvidia-smi >/dev/null 2>&1 \
+        && nvidia-smi -L >/dev/null 2>&1; then
+    export HOROVOD_GPU_OPERATIONS=NCCL   # GPU path: not exercised on the CPU-only CI
+fi
+
+tf_version="$("$py" -c 'import tensorflow as tf; print(tf.__version__)' 2>/dev/null)"
+key="$( {
+    echo "horovod=$HOROVOD_VERSION tf=$tf_version"
+    "$py" -c 'import sys; print(sys.version)'
+    env | grep '^HOROVOD_' | sort
+    cat "$here/patch_horovod.py" "$here/build_horovod.sh"
+} | sha256sum | cut -c1-16)"
+wheel_dir="$cache/$key"
+
+if ! ls "$wheel_dir"/horovod-*.whl >/dev/null 2>&1; then
+    echo "[install] building Horovod $HOROVOD_VERSION from source (TensorFlow $tf_version," \
+         "$(env | grep -E '^HOROVOD_(WITH_MPI|GPU_OPERATIONS)=' | tr '\n' ' ')Gloo); takes 2-4 min"
+    work="$(mktemp -d)"
+    trap 'rm -rf "$work"' EXIT
+    "$py" -m pip download --quiet --no-deps --no-binary :all: -d "$work" \
+        "horovod==$HOROVOD_VERSION"
+    tar -xzf "$work/horovod-$HOROVOD_VERSION.tar.gz" -C "$work"
+    src="$work/horovod-$HOROVOD_VERSION"
+    "$py" "$here/patch_horovod.py" "$src"
+    # No build isolation: Horovod compiles against the TensorFlow of this venv.
+    ( cd "$src" && PATH="$venv/bin:$PATH" MAKEFLAGS="-j$(nproc)" \
+        "$py" -m pip wheel --no-deps --no-build-isolation -w "$work/wheel" . \
+        > "$work/build.log" 2>&1 ) || { tail -n 60 "$work/build.log"; \
+        echo "[install] Horovod build failed (log above)" >&2; exit 1; }
+    mkdir -p "$wheel_dir.tmp"
+    cp "$work"/wheel/horovod-*.whl "$wheel_dir.tmp/"
+    rm -rf "$wheel_dir"
+    mv "$wheel_dir.tmp" "$wheel_dir"
+else
+    echo "[install] reusing built Horovod wheel $wheel_dir"
+fi
+"$py" -m pip install --quiet --no-deps --force-reinstall "$wheel_dir"/horovod-*.whl

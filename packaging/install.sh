@@ -1,0 +1,100 @@
+#!/usr/bin/env bash
+# Installs everything the project needs, on a fresh Debian/Ubuntu machine or in the
+# Docker image: system packages, the virtual environment with pinned Python
+# packages, and Horovod built from source with TensorFlow + Gloo (+ MPI, NCCL when
+# present). Idempotent: when nothing it depends on changed since the last
+# successful run, it only checks and returns (a stamp file in the venv).
+#
+# Environment: VENV (default .venv), PYTHON (default python3), WITH_DEV=0 to skip
+# test/lint tools, HOROVOD_WHEEL_CACHE (default .cache/horovod).
+set -euo pipefail
+
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+venv="${VENV:-$root/.venv}"
+python="${PYTHON:-python3}"
+with_dev="${WITH_DEV:-1}"
+stamp="$venv/.install-stamp"
+
+log() { echo "[install] $*"; }
+
+gpu_present() {
+    command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1
+}
+
+requirements=("$root/requirements.txt")
+[ "$with_dev" = 1 ] && requirements+=("$root/requirements-dev.txt")
+fingerprint="$( {
+    cat "${requirements[@]}" "$root/constraints.txt" "$root"/packaging/*.sh \
+        "$root"/packaging/*.py
+    "$python" --version 2>&1
+    gpu_present && echo gpu
+    command -v mpicxx || true
+} | sha256sum | cut -c1-16)"
+
+check_horovod() {
+    local out
+    out="$("$venv/bin/horovodrun" --check-build 2>/dev/null)" || return 1
+    grep -q '\[X\] TensorFlow' <<<"$out" && grep -q '\[X\] Gloo' <<<"$out"
+}
+
+if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$fingerprint" ] && check_horovod; then
+    log "up to date ($venv)"
+    exit 0
+fi
+
+# --- system packages -------------------------------------------------------------
+# Headers TensorFlow 2.21's C++ API includes (Horovod's build needs them), a C++
+# toolchain and CMake for that build, and Java for Spark.
+apt_packages=(libhighwayhash-dev libfarmhash-dev g++ cmake make)
+command -v java >/dev/null 2>&1 || apt_packages+=(openjdk-17-jre-headless)
+missing=()
+for pkg in "${apt_packages[@]}"; do
+    dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+    sudo=""
+    if [ "$(id -u)" != 0 ]; then
+        command -v sudo >/dev/null 2>&1 || {
+            echo "[install] missing system packages: ${missing[*]}; run as root or install" \
+                 "them with apt-get" >&2; exit 1; }
+        sudo="sudo"
+    fi
+    log "apt-get install ${missing[*]}"
+    $sudo apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends \
+        "${missing[@]}" >/dev/null
+fi
+
+# --- virtual environment ---------------------------------------------------------
+if [ ! -x "$venv/bin/python" ]; then
+    log "creating $venv"
+    "$python" -m venv "$venv"
+fi
+pip=("$venv/bin/python" -m pip --disable-pip-version-check)
+"${pip[@]}" install --quiet --upgrade pip==26.3 setuptools==84.2.1 wheel==0.48.0
+
+reqs=()
+for file in "${requirements[@]}"; do reqs+=(-r "$file"); done
+if gpu_present; then
+    # GPU machine: the CUDA build of the same TensorFlow (not exercised on CI).
+    sed 's/^tensorflow-cpu==/tensorflow[and-cuda]==/' "$root/requirements.txt" \
+        > "$venv/requirements-gpu.txt"
+    reqs[1]="$venv/requirements-gpu.txt"
+    "${pip[@]}" uninstall --quiet -y tensorflow-cpu >/dev/null 2>&1 || true
+fi
+log "pip install ${requirements[*]##*/}"
+"${pip[@]}" install --quiet "${reqs[@]}" -c "$root/constraints.txt"
+
+# --- Horovod ---------------------------------------------------------------------
+if ! check_horovod; then
+    "$root/packaging/build_horovod.sh" "$venv"
+fi
+if ! check_horovod; then
+    echo "[install] horovodrun --check-build does not list TensorFlow and Gloo:" >&2
+    "$venv/bin/horovodrun" --check-build >&2 || true
+    exit 1
+fi
+"$venv/bin/horovodrun" --check-build | sed -n '/Frameworks/,$p' | grep -E '\[X\]' \
+    | tr -s ' ' | tr '\n' ' ' | sed 's/^/[install] horovod built with: /'; echo
+echo "$fingerprint" > "$stamp"
+log "done ($venv)"

@@ -1,0 +1,227 @@
+"""The split-binary reader against the numpy contents of generated files."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from dataloading.errors import DatasetError
+from dataloading.split_binary import InputMode, LastBatch, ShardSpec, SplitBinaryDataset
+from dataloading.synthetic import generate_split_binary
+from feature_spec import FeatureSpec
+
+# Odd sizes so that shape and offset bugs surface.
+CARDINALITIES = (23, 7, 300, 40000, 11)
+NUM_NUMERICAL = 3
+TRAIN_ROWS = 1003
+GLOBAL_BATCH = 64
+
+
+@pytest.fixture(scope="module")
+def dataset_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("data") / "synthetic"
+    generate_split_binary(
+        out, CARDINALITIES, NUM_NUMERICAL, rows={"train": TRAIN_ROWS, "test": 130}, seed=3
+    )
+    return out
+
+
+@pytest.fixture(scope="module")
+def multi_hot_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("data") / "multihot"
+    generate_split_binary(
+        out, (23, 7, 300), 2, rows={"train": 200}, hotness=(1, 3, 2), seed=5, chunk_rows=77
+    )
+    return out
+
+
+def contents(spec: FeatureSpec, mapping: str) -> dict[str, np.ndarray]:
+    """Every file of a mapping, read independently with np.fromfile."""
+    files = spec.files(mapping)
+    out = {
+        "label": np.fromfile(files.label, dtype=np.bool_),
+        "numerical": np.fromfile(files.numerical, dtype=np.float16).reshape(
+            -1, len(spec.numerical_features)
+        ),
+    }
+    for feature in spec.categorical_features:
+        ids = np.fromfile(files.categorical[feature.name], dtype=feature.dtype)
+        out[feature.name] = ids.reshape(-1, feature.hotness) if feature.hotness > 1 else ids
+    return out
+
+
+def test_one_rank_reads_every_row_in_order(dataset_dir: Path) -> None:
+    spec = FeatureSpec.load(dataset_dir)
+    data = contents(spec, "train")
+    dataset = SplitBinaryDataset(spec, "train", ShardSpec(GLOBAL_BATCH))
+    assert dataset.num_batches == TRAIN_ROWS // GLOBAL_BATCH
+    batches = list(dataset.to_tf_dataset().as_numpy_iterator())
+    assert len(batches) == TRAIN_ROWS // GLOBAL_BATCH
+    rows = len(batches) * GLOBAL_BATCH
+    label = np.concatenate([b.label for b in batches])
+    numerical = np.concatenate([b.numerical for b in batches])
+    categorical = np.concatenate([b.categorical for b in batches])
+    assert label.dtype == np.float32 and label.shape == (rows, 1)
+    assert numerical.dtype == np.float32 and numerical.shape == (rows, NUM_NUMERICAL)
+    assert categorical.dtype == np.int32 and categorical.shape == (rows, len(CARDINALITIES))
+    np.testing.assert_array_equal(label[:, 0], data["label"][:rows].astype(np.float32))
+    np.testing.assert_array_equal(numerical, data["numerical"][:rows].astype(np.float32))
+    for t, feature in enumerate(spec.categorical_features):
+        np.testing.assert_array_equal(categorical[:, t], data[feature.name][:rows])
+    assert all(b.weight.min() == 1.0 for b in batches)
+
+
+@pytest.mark.parametrize("input_mode", list(InputMode))
+def test_two_ranks_partition_each_global_batch(dataset_dir: Path, input_mode: InputMode) -> None:
+    spec = FeatureSpec.load(dataset_dir)
+    data = contents(spec, "train")
+    local = GLOBAL_BATCH // 2
+    owned = {0: (0, 3), 1: (1, 2, 4)} if input_mode == InputMode.MODEL_PARALLEL else {0: None, 1: None}
+    readers = {
+        rank: SplitBinaryDataset(
+            spec,
+            "train",
+            ShardSpec(GLOBAL_BATCH, rank, 2, owned[rank], input_mode=input_mode),
+        )
+        for rank in (0, 1)
+    }
+    iterators = {rank: r.to_tf_dataset().as_numpy_iterator() for rank, r in readers.items()}
+    for b in range(TRAIN_ROWS // GLOBAL_BATCH):
+        for rank in (0, 1):
+            batch = next(iterators[rank])
+            rows = slice(b * GLOBAL_BATCH + rank * local, b * GLOBAL_BATCH + (rank + 1) * local)
+            np.testing.assert_array_equal(batch.label[:, 0], data["label"][rows])
+            np.testing.assert_array_equal(batch.numerical, data["numerical"][rows].astype(np.float32))
+            if input_mode == InputMode.MODEL_PARALLEL:
+                # Only the owned tables, for the whole global batch.
+                cat_rows = slice(b * GLOBAL_BATCH, (b + 1) * GLOBAL_BATCH)
+                tables = owned[rank]
+            else:
+                cat_rows, tables = rows, tuple(range(len(CARDINALITIES)))
+            assert batch.categorical.shape == (cat_rows.stop - cat_rows.start, len(tables))
+            for column, t in enumerate(tables):
+                expected = data[spec.categorical_features[t].name][cat_rows]
+                np.testing.assert_array_equal(batch.categorical[:, column], expected)
+    for iterator in iterators.values():
+        with pytest.raises(StopIteration):
+            next(iterator)
+
+
+def test_rank_without_tables_gets_empty_ids(dataset_dir: Path) -> None:
+    spec = FeatureSpec.load(dataset_dir)
+    batch = SplitBinaryDataset(spec, "train", ShardSpec(GLOBAL_BATCH, 1, 2, ())).read_batch(0)
+    assert batch.categorical.shape == (GLOBAL_BATCH, 0)
+
+
+def test_padded_last_batch_is_masked(dataset_dir: Path) -> None:
+    spec = FeatureSpec.load(dataset_dir)
+    data = contents(spec, "train")
+    full, remainder = divmod(TRAIN_ROWS, GLOBAL_BATCH)
+    assert remainder > GLOBAL_BATCH // 2  # rank 1 gets some real rows too
+    local = GLOBAL_BATCH // 2
+    for rank in (0, 1):
+        dataset = SplitBinaryDataset(
+            spec, "train", ShardSpec(GLOBAL_BATCH, rank, 2), last_batch=LastBatch.PAD
+        )
+        assert dataset.num_batches == full + 1
+        last = list(dataset.to_tf_dataset().as_numpy_iterator())[-1]
+        start = full * GLOBAL_BATCH + rank * local
+        real = min(max(TRAIN_ROWS - start, 0), local)
+        assert last.weight[:, 0].tolist() == [1.0] * real + [0.0] * (local - real)
+        np.testing.assert_array_equal(last.label[:real, 0], data["label"][start : start + real])
+        assert not last.label[real:].any() and not last.numerical[real:].any()
+        cat_start = full * GLOBAL_BATCH
+        cat_real = TRAIN_ROWS - cat_start
+        assert last.categorical.shape == (GLOBAL_BATCH, len(CARDINALITIES))
+        np.testing.assert_array_equal(last.categorical[:cat_real, 0], data["cat_0"][cat_start:])
+        assert not last.categorical[cat_real:].any()
+
+
+def test_drop_never_yields_partial_batch(dataset_dir: Path) -> None:
+    spec = FeatureSpec.load(dataset_dir)
+    dataset = SplitBinaryDataset(spec, "test", ShardSpec(GLOBAL_BATCH), last_batch="drop")
+    batches = list(dataset.to_tf_dataset().as_numpy_iterator())
+    assert len(batches) == 130 // GLOBAL_BATCH
+    assert all(b.label.shape == (GLOBAL_BATCH, 1) for b in batches)
+
+
+def test_multi_hot_tables_come_as_tuple(multi_hot_dir: Path) -> None:
+    spec = FeatureSpec.load(multi_hot_dir)
+    data = contents(spec, "train")
+    dataset = SplitBinaryDataset(spec, "train", ShardSpec(20, 0, 2, (1, 2)))
+    batches = list(dataset.to_tf_dataset().as_numpy_iterator())
+    assert len(batches) == 10
+    ids_1 = np.concatenate([b.categorical[0] for b in batches])
+    ids_2 = np.concatenate([b.categorical[1] for b in batches])
+    assert ids_1.shape == (200, 3) and ids_2.shape == (200, 2) and ids_1.dtype == np.int32
+    np.testing.assert_array_equal(ids_1, data["cat_1"])
+    np.testing.assert_array_equal(ids_2, data["cat_2"])
+
+
+# ---------------------------------------------------------------- bad input
+
+
+def copy_dataset(source: Path, target: Path) -> FeatureSpec:
+    import shutil
+
+    shutil.copytree(source, target)
+    return FeatureSpec.load(target)
+
+
+def test_file_not_whole_rows(dataset_dir: Path, tmp_path: Path) -> None:
+    spec = copy_dataset(dataset_dir, tmp_path / "d")
+    path = spec.files("train").numerical
+    assert path is not None
+    with open(path, "ab") as out:
+        out.write(b"\0" * 5)
+    with pytest.raises(DatasetError) as info:
+        SplitBinaryDataset(spec, "train", ShardSpec(GLOBAL_BATCH))
+    message = str(info.value)
+    assert str(path) in message and "multiple of 6 bytes" in message
+    assert f"got {TRAIN_ROWS * 6 + 5} bytes" in message
+
+
+def test_row_counts_differ(dataset_dir: Path, tmp_path: Path) -> None:
+    spec = copy_dataset(dataset_dir, tmp_path / "d")
+    path = spec.files("train").categorical["cat_3"]  # int32 ids
+    path.write_bytes(path.read_bytes()[: -4 * 3])
+    with pytest.raises(DatasetError) as info:
+        SplitBinaryDataset(spec, "train", ShardSpec(GLOBAL_BATCH))
+    message = str(info.value)
+    assert str(path) in message and f"expected {TRAIN_ROWS} rows = {TRAIN_ROWS * 4} bytes" in message
+    assert f"got {TRAIN_ROWS - 3} rows" in message
+
+
+def test_id_out_of_range_checked_on_request(dataset_dir: Path, tmp_path: Path) -> None:
+    spec = copy_dataset(dataset_dir, tmp_path / "d")
+    path = spec.files("train").categorical["cat_1"]  # cardinality 7, int8
+    ids = np.fromfile(path, dtype=np.int8)
+    ids[517] = 7
+    ids.tofile(path)
+    SplitBinaryDataset(spec, "train", ShardSpec(GLOBAL_BATCH))  # not checked by default
+    with pytest.raises(DatasetError) as info:
+        SplitBinaryDataset(spec, "train", ShardSpec(GLOBAL_BATCH), check_ids=True)
+    message = str(info.value)
+    assert str(path) in message and "row 517" in message and "[0, 7)" in message and "got 7" in message
+
+
+def test_global_batch_not_divisible(dataset_dir: Path) -> None:
+    with pytest.raises(DatasetError, match="multiple of the world size 3, got 64"):
+        ShardSpec(64, 0, 3)
+
+
+@pytest.mark.parametrize("tables", [(0, 5), (1, 1)])
+def test_bad_local_tables(dataset_dir: Path, tables: tuple[int, ...]) -> None:
+    spec = FeatureSpec.load(dataset_dir)
+    with pytest.raises(DatasetError, match=r"distinct table indices in \[0, 5\)"):
+        SplitBinaryDataset(spec, "train", ShardSpec(GLOBAL_BATCH, 0, 2, tables))
+
+
+def test_missing_mapping(dataset_dir: Path) -> None:
+    from feature_spec import FeatureSpecError
+
+    spec = FeatureSpec.load(dataset_dir)
+    with pytest.raises(FeatureSpecError, match="source_spec.validation: mapping missing"):
+        SplitBinaryDataset(spec, "validation", ShardSpec(GLOBAL_BATCH))
