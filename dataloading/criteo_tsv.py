@@ -50,7 +50,9 @@ def categorical_values(table: int, ids: np.ndarray, seed: int) -> np.ndarray:
     """The 32-bit value written for vocabulary index `ids` of `table` (bijective per table)."""
     key = int(splitmix64(np.array([seed * 1000 + table]))[0]) & 0xFFFFFFFF
     with np.errstate(over="ignore"):
-        return ((ids.astype(np.uint64) * np.uint64(_MULTIPLIER)) & np.uint64(0xFFFFFFFF)) ^ np.uint64(key)
+        return (
+            (ids.astype(np.uint64) * np.uint64(_MULTIPLIER)) & np.uint64(0xFFFFFFFF)
+        ) ^ np.uint64(key)
 
 
 def generate_criteo_tsv(
@@ -90,11 +92,14 @@ def generate_criteo_tsv(
     for day, stream in enumerate(streams):
         name = f"day_{day}" + (".gz" if use_gzip else "")
         rng = np.random.default_rng(stream)
-        bad_at = set(rng.choice(rows_per_day, size=min(malformed_rows_per_day, rows_per_day),
-                                replace=False).tolist())
+        bad_at = set(
+            rng.choice(
+                rows_per_day, size=min(malformed_rows_per_day, rows_per_day), replace=False
+            ).tolist()
+        )
         opener = gzip.open if use_gzip else open
         start = time.monotonic()
-        with opener(staging / name, "wt") as out:  # type: ignore[operator]
+        with opener(staging / name, "wt") as out:
             for done in range(0, rows_per_day, chunk_rows):
                 n = min(chunk_rows, rows_per_day - done)
                 lines, pos = _lines(sampler, teacher, rng, n, seed, short_row_fraction)
@@ -107,8 +112,10 @@ def generate_criteo_tsv(
                 _write(out, lines)
                 if progress is not None:
                     rate = (done + n) / max(time.monotonic() - start, 1e-9)
-                    progress(f"[criteo_tsv] {name}: {done + n:,}/{rows_per_day:,} rows "
-                             f"({rate:,.0f} rows/s)")
+                    progress(
+                        f"[criteo_tsv] {name}: {done + n:,}/{rows_per_day:,} rows "
+                        f"({rate:,.0f} rows/s)"
+                    )
         names.append(name)
         counts.append(rows_per_day)
     if output.exists():
@@ -156,7 +163,9 @@ def _malform(line: str, kind: str) -> str:
     fields = line.split("\t")
     fields += [""] * (1 + NUM_INTEGER + NUM_CATEGORICAL - len(fields))
     if kind == "field_count":
-        return "\t".join(fields[:20])  # cut in the middle: not a trailing-empty short row
+        # Too many fields. (Too few is not malformed: real logs cut trailing
+        # empty fields, so a short row reads as missing values.)
+        return "\t".join([*fields, "1f2e3d4c"])
     if kind == "numerical":
         fields[3] = "4.5x"
     else:

@@ -76,7 +76,9 @@ class SplitBinaryFiles:
                     f"({file.row_bytes} bytes/row), got {file.rows} rows = "
                     f"{file.rows * file.row_bytes} bytes"
                 )
-        return cls(mapping=mapping, rows=rows, label=label, numerical=numerical, categorical=categorical)
+        return cls(
+            mapping=mapping, rows=rows, label=label, numerical=numerical, categorical=categorical
+        )
 
     def check_ids(self, spec: FeatureSpec, features: Sequence[str] | None = None) -> None:
         """Checks that ids lie in [0, cardinality); reads the files in chunks.

@@ -232,4 +232,3 @@ def _rows(data: np.ndarray, start: int, count: int) -> np.ndarray:
     out = np.zeros((count, *data.shape[1:]), dtype=data.dtype)
     out[: len(part)] = part
     return out
-

@@ -11,6 +11,7 @@ into place when complete: an interrupted run leaves no dataset that looks whole.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shutil
 import sys
@@ -85,7 +86,9 @@ def generate_split_binary(
     shutil.rmtree(staging, ignore_errors=True)
     streams = np.random.SeedSequence([seed, 0x5B1]).spawn(len(rows))
     for (mapping, count), stream in zip(rows.items(), streams, strict=True):
-        _write_mapping(spec, staging, mapping, count, sampler, teacher, stream, chunk_rows, progress)
+        _write_mapping(
+            spec, staging, mapping, count, sampler, teacher, stream, chunk_rows, progress
+        )
     spec = _with_base(spec, staging)
     spec.dump(staging / "feature_spec.yaml")
     _publish(staging, output)
@@ -116,31 +119,28 @@ def _write_mapping(
     files.label.parent.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(stream)
     dtypes = [np.dtype(f.dtype) for f in spec.categorical_features]
-    handles = [open(files.label, "wb")]
-    if files.numerical is not None:
-        handles.append(open(files.numerical, "wb"))
-    handles += [open(path, "wb") for path in files.categorical.values()]
     start = time.monotonic()
-    try:
+    with contextlib.ExitStack() as stack:
+        label_out = stack.enter_context(open(files.label, "wb"))
+        numerical_out = (
+            stack.enter_context(open(files.numerical, "wb")) if files.numerical else None
+        )
+        id_outs = [stack.enter_context(open(p, "wb")) for p in files.categorical.values()]
         for done in range(0, count, chunk_rows):
             n = min(chunk_rows, count - done)
             raw = sampler.sample(rng, n)
             numerical = raw.numerical_features()
-            # Missing categorical values are id 0 after preprocessing; the
-            # split-binary generator writes ids directly, so none are missing.
+            # The split-binary generator writes preprocessed ids directly: no
+            # categorical value is missing (preprocessing would map it to id 0).
             labels = teacher.sample_labels(rng, teacher.logits(numerical, raw.ids))
-            out = iter(handles)
-            next(out).write(labels.astype(np.bool_).tobytes())
-            if files.numerical is not None:
-                next(out).write(numerical.astype(np.float16).tobytes())
-            for ids, dtype in zip(raw.ids, dtypes, strict=True):
-                next(out).write(ids.astype(dtype).tobytes())
+            label_out.write(labels.astype(np.bool_).tobytes())
+            if numerical_out is not None:
+                numerical_out.write(numerical.astype(np.float16).tobytes())
+            for out, ids, dtype in zip(id_outs, raw.ids, dtypes, strict=True):
+                out.write(ids.astype(dtype).tobytes())
             if progress is not None:
                 rate = (done + n) / max(time.monotonic() - start, 1e-9)
                 progress(f"[synthetic] {mapping}: {done + n:,}/{count:,} rows ({rate:,.0f} rows/s)")
-    finally:
-        for handle in handles:
-            handle.close()
 
 
 def _with_base(spec: FeatureSpec, base: Path) -> FeatureSpec:

@@ -207,9 +207,7 @@ class FeatureSpec:
         channel_spec = _parse_channel_spec(raw["channel_spec"])
         metadata = raw.get("metadata") or {}
         if not isinstance(metadata, Mapping):
-            raise FeatureSpecError(
-                f"metadata: expected a mapping, got {type(metadata).__name__}"
-            )
+            raise FeatureSpecError(f"metadata: expected a mapping, got {type(metadata).__name__}")
         return cls(
             features=features,
             source_spec=source_spec,
@@ -352,9 +350,7 @@ def _parse_features(raw: Any) -> dict[str, Feature]:
         known = {"dtype", "cardinality", "hotness"}
         unknown = sorted(set(entry) - known)
         if unknown:
-            raise FeatureSpecError(
-                f"{key}: unknown keys {unknown}; expected only {sorted(known)}"
-            )
+            raise FeatureSpecError(f"{key}: unknown keys {unknown}; expected only {sorted(known)}")
         hotness = entry.get("hotness", 1)
         if not _is_int(hotness) or hotness < 1:
             raise FeatureSpecError(f"{key}.hotness: expected a positive int, got {hotness!r}")

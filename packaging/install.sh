@@ -6,7 +6,8 @@
 # successful run, it only checks and returns (a stamp file in the venv).
 #
 # Environment: VENV (default .venv), PYTHON (default python3), WITH_DEV=0 to skip
-# test/lint tools, HOROVOD_WHEEL_CACHE (default .cache/horovod).
+# test/lint tools, HOROVOD_WHEEL_CACHE (default .cache/horovod), TENSORFLOW_VARIANT
+# (auto: the CUDA build when nvidia-smi sees a GPU, else the CPU build; cpu; gpu).
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -18,7 +19,13 @@ stamp="$venv/.install-stamp"
 log() { echo "[install] $*"; }
 
 gpu_present() {
-    command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1
+    case "${TENSORFLOW_VARIANT:-auto}" in
+        gpu) return 0 ;;
+        cpu) return 1 ;;
+        auto) command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 ;;
+        *) echo "[install] TENSORFLOW_VARIANT: expected auto, cpu or gpu, got" \
+                "'$TENSORFLOW_VARIANT'" >&2; exit 2 ;;
+    esac
 }
 
 requirements=("$root/requirements.txt")
@@ -31,13 +38,20 @@ fingerprint="$( {
     command -v mpicxx || true
 } | sha256sum | cut -c1-16)"
 
+# Sets $build_info to Horovod's build report; true when it lists TensorFlow and Gloo.
 check_horovod() {
-    local out
-    out="$("$venv/bin/horovodrun" --check-build 2>/dev/null)" || return 1
-    grep -q '\[X\] TensorFlow' <<<"$out" && grep -q '\[X\] Gloo' <<<"$out"
+    build_info="$(TF_CPP_MIN_LOG_LEVEL=3 "$venv/bin/horovodrun" --check-build 2>/dev/null)" \
+        || return 1
+    grep -q '\[X\] TensorFlow' <<<"$build_info" && grep -q '\[X\] Gloo' <<<"$build_info"
 }
 
-if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$fingerprint" ] && check_horovod; then
+# Quick re-check for the up-to-date path: Horovod's TensorFlow ops load, with Gloo.
+horovod_loads() {
+    TF_CPP_MIN_LOG_LEVEL=3 "$venv/bin/python" -c \
+        'import sys, horovod.tensorflow as h; sys.exit(0 if h.gloo_built() else 1)' 2>/dev/null
+}
+
+if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$fingerprint" ] && horovod_loads; then
     log "up to date ($venv)"
     exit 0
 fi
@@ -88,13 +102,13 @@ log "pip install ${requirements[*]##*/}"
 # --- Horovod ---------------------------------------------------------------------
 if ! check_horovod; then
     "$root/packaging/build_horovod.sh" "$venv"
+    if ! check_horovod; then
+        echo "[install] horovodrun --check-build does not list TensorFlow and Gloo:" >&2
+        echo "${build_info:-<no output>}" >&2
+        exit 1
+    fi
 fi
-if ! check_horovod; then
-    echo "[install] horovodrun --check-build does not list TensorFlow and Gloo:" >&2
-    "$venv/bin/horovodrun" --check-build >&2 || true
-    exit 1
-fi
-"$venv/bin/horovodrun" --check-build | sed -n '/Frameworks/,$p' | grep -E '\[X\]' \
-    | tr -s ' ' | tr '\n' ' ' | sed 's/^/[install] horovod built with: /'; echo
+log "horovod built with: $(grep -oE '\[X\] (TensorFlow|Gloo|MPI|NCCL)' <<<"$build_info" \
+    | sed 's/\[X\] //' | sort -u | tr '\n' ' ')"
 echo "$fingerprint" > "$stamp"
 log "done ($venv)"

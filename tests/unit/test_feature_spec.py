@@ -114,8 +114,14 @@ def test_numerical_channel_may_be_empty(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     ("cardinality", "dtype"),
-    [(1, "int8"), (128, "int8"), (129, "int16"), (32768, "int16"), (32769, "int32"),
-     (2**31, "int32")],
+    [
+        (1, "int8"),
+        (128, "int8"),
+        (129, "int16"),
+        (32768, "int16"),
+        (32769, "int32"),
+        (2**31, "int32"),
+    ],
 )
 def test_minimal_categorical_dtype(cardinality: int, dtype: str) -> None:
     assert minimal_categorical_dtype(cardinality) == dtype
@@ -146,7 +152,11 @@ def test_criteo_spec_needs_26_tables() -> None:
 def test_build_spec_with_multi_hot() -> None:
     spec = build_split_binary_spec([7, 11], 3, hotness=[1, 4], mappings=("train",))
     assert spec.hotness == (1, 4)
-    assert spec.to_dict()["feature_spec"]["cat_1"] == {"dtype": "int8", "cardinality": 11, "hotness": 4}
+    assert spec.to_dict()["feature_spec"]["cat_1"] == {
+        "dtype": "int8",
+        "cardinality": 11,
+        "hotness": 4,
+    }
 
 
 # --------------------------------------------------------------- one per rule
@@ -308,7 +318,9 @@ def test_chunk_mixing_channels(tmp_path: Path) -> None:
 def test_split_binary_chunk_is_one_file(tmp_path: Path) -> None:
     raw = valid()
     raw["source_spec"]["train"][2]["files"] = ["train/a.bin", "train/b.bin"]
-    assert "source_spec.train[2].files: a split_binary chunk is one file" in load_error(tmp_path, raw)
+    assert "source_spec.train[2].files: a split_binary chunk is one file" in load_error(
+        tmp_path, raw
+    )
 
 
 def test_unknown_feature_key(tmp_path: Path) -> None:

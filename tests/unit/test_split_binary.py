@@ -78,7 +78,9 @@ def test_two_ranks_partition_each_global_batch(dataset_dir: Path, input_mode: In
     spec = FeatureSpec.load(dataset_dir)
     data = contents(spec, "train")
     local = GLOBAL_BATCH // 2
-    owned = {0: (0, 3), 1: (1, 2, 4)} if input_mode == InputMode.MODEL_PARALLEL else {0: None, 1: None}
+    owned = (
+        {0: (0, 3), 1: (1, 2, 4)} if input_mode == InputMode.MODEL_PARALLEL else {0: None, 1: None}
+    )
     readers = {
         rank: SplitBinaryDataset(
             spec,
@@ -93,7 +95,9 @@ def test_two_ranks_partition_each_global_batch(dataset_dir: Path, input_mode: In
             batch = next(iterators[rank])
             rows = slice(b * GLOBAL_BATCH + rank * local, b * GLOBAL_BATCH + (rank + 1) * local)
             np.testing.assert_array_equal(batch.label[:, 0], data["label"][rows])
-            np.testing.assert_array_equal(batch.numerical, data["numerical"][rows].astype(np.float32))
+            np.testing.assert_array_equal(
+                batch.numerical, data["numerical"][rows].astype(np.float32)
+            )
             if input_mode == InputMode.MODEL_PARALLEL:
                 # Only the owned tables, for the whole global batch.
                 cat_rows = slice(b * GLOBAL_BATCH, (b + 1) * GLOBAL_BATCH)
@@ -190,7 +194,9 @@ def test_row_counts_differ(dataset_dir: Path, tmp_path: Path) -> None:
     with pytest.raises(DatasetError) as info:
         SplitBinaryDataset(spec, "train", ShardSpec(GLOBAL_BATCH))
     message = str(info.value)
-    assert str(path) in message and f"expected {TRAIN_ROWS} rows = {TRAIN_ROWS * 4} bytes" in message
+    assert (
+        str(path) in message and f"expected {TRAIN_ROWS} rows = {TRAIN_ROWS * 4} bytes" in message
+    )
     assert f"got {TRAIN_ROWS - 3} rows" in message
 
 
@@ -204,7 +210,9 @@ def test_id_out_of_range_checked_on_request(dataset_dir: Path, tmp_path: Path) -
     with pytest.raises(DatasetError) as info:
         SplitBinaryDataset(spec, "train", ShardSpec(GLOBAL_BATCH), check_ids=True)
     message = str(info.value)
-    assert str(path) in message and "row 517" in message and "[0, 7)" in message and "got 7" in message
+    assert (
+        str(path) in message and "row 517" in message and "[0, 7)" in message and "got 7" in message
+    )
 
 
 def test_global_batch_not_divisible(dataset_dir: Path) -> None:
@@ -223,5 +231,5 @@ def test_missing_mapping(dataset_dir: Path) -> None:
     from feature_spec import FeatureSpecError
 
     spec = FeatureSpec.load(dataset_dir)
-    with pytest.raises(FeatureSpecError, match="source_spec.validation: mapping missing"):
+    with pytest.raises(FeatureSpecError, match=r"source_spec\.validation: mapping missing"):
         SplitBinaryDataset(spec, "validation", ShardSpec(GLOBAL_BATCH))

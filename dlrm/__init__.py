@@ -1,0 +1,1 @@
+"""The DLRM model, its hybrid-parallel embeddings and the trainer (in progress)."""

@@ -1,0 +1,1 @@
+"""Spark preprocessing of raw click logs into split binary + FeatureSpec (in progress)."""

@@ -1,0 +1,46 @@
+"""Helpers for tests that run real processes."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if Path(str(item.fspath)).is_relative_to(Path(__file__).parent):
+            item.add_marker(pytest.mark.integration)
+
+
+def horovodrun() -> str:
+    """The horovodrun next to this interpreter (the project's venv)."""
+    path = Path(sys.executable).parent / "horovodrun"
+    found = str(path) if path.exists() else shutil.which("horovodrun")
+    if found is None:
+        raise RuntimeError("horovodrun not found: run `make install`")
+    return found
+
+
+def run(args: list[str], timeout: float, **kwargs: object) -> subprocess.CompletedProcess[str]:
+    """Runs a command from the repo root with the venv first on PATH; output captured."""
+    env = dict(os.environ)
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    env["PYTHONPATH"] = str(REPO)
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    return subprocess.run(
+        args,
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+        **kwargs,  # type: ignore[arg-type]
+    )
