@@ -20,7 +20,6 @@ import argparse
 import dataclasses
 import gzip
 import os
-import shutil
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -29,6 +28,7 @@ from typing import IO
 
 import numpy as np
 
+from dataloading.output_dir import publish, start_staging
 from dataloading.synthetic import DEFAULT_CARDINALITIES, build_teacher
 from dataloading.teacher import FeatureSampler, Teacher, splitmix64
 
@@ -76,16 +76,9 @@ def generate_criteo_tsv(
             f"cardinalities: expected {NUM_CATEGORICAL} values (C1..C26), got {len(cardinalities)}"
         )
     output = Path(output_dir)
-    if output.exists() and any(output.iterdir()) and not overwrite:
-        raise FileExistsError(
-            f"{output}: output directory exists and is not empty; expected a new or empty "
-            f"directory (pass overwrite=True / --overwrite to replace it)"
-        )
+    staging = start_staging(output, overwrite)
     sampler = FeatureSampler(NUM_INTEGER, tuple(cardinalities), (1,) * NUM_CATEGORICAL, exponent)
     teacher = build_teacher(sampler, seed, positive_rate)
-    staging = output.with_name(f".{output.name}.partial")
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir(parents=True)
     malformed = dict.fromkeys(MALFORMED_KINDS, 0)
     names, counts, positives = [], [], 0
     streams = np.random.SeedSequence([seed, 0xC417E0]).spawn(days)
@@ -118,9 +111,7 @@ def generate_criteo_tsv(
                     )
         names.append(name)
         counts.append(rows_per_day)
-    if output.exists():
-        shutil.rmtree(output)
-    os.replace(staging, output)
+    publish(staging, output)
     return CriteoLogReport(
         files=tuple(output / n for n in names),
         rows_per_file=tuple(counts),

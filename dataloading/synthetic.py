@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-import shutil
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -21,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
+from dataloading.output_dir import publish, start_staging
 from dataloading.teacher import FeatureSampler, Teacher
 from feature_spec import FeatureSpec, build_split_binary_spec, minimal_categorical_dtype
 
@@ -66,7 +66,7 @@ def generate_split_binary(
     """
     rows = dict(rows if rows is not None else {"train": 100_000, "test": 20_000})
     output = Path(output_dir)
-    _check_output(output, overwrite)
+    staging = start_staging(output, overwrite)
     hotness = tuple(hotness) if hotness is not None else (1,) * len(cardinalities)
     for cardinality in cardinalities:
         minimal_categorical_dtype(cardinality)  # validates the cardinality
@@ -82,8 +82,6 @@ def generate_split_binary(
     spec = build_split_binary_spec(
         cardinalities, num_numerical, hotness, mappings=tuple(rows), metadata=metadata
     )
-    staging = output.with_name(f".{output.name}.partial")
-    shutil.rmtree(staging, ignore_errors=True)
     streams = np.random.SeedSequence([seed, 0x5B1]).spawn(len(rows))
     for (mapping, count), stream in zip(rows.items(), streams, strict=True):
         _write_mapping(
@@ -91,7 +89,7 @@ def generate_split_binary(
         )
     spec = _with_base(spec, staging)
     spec.dump(staging / "feature_spec.yaml")
-    _publish(staging, output)
+    publish(staging, output)
     return FeatureSpec.load(output)
 
 
@@ -151,21 +149,6 @@ def _with_base(spec: FeatureSpec, base: Path) -> FeatureSpec:
         metadata=spec.metadata,
         base_directory=base,
     )
-
-
-def _check_output(output: Path, overwrite: bool) -> None:
-    if output.exists() and any(output.iterdir()) and not overwrite:
-        raise FileExistsError(
-            f"{output}: output directory exists and is not empty; expected a new or empty "
-            f"directory (pass overwrite=True / --overwrite to replace it)"
-        )
-
-
-def _publish(staging: Path, output: Path) -> None:
-    # _check_output ran first: an existing output is empty or may be replaced.
-    if output.exists():
-        shutil.rmtree(output)
-    os.replace(staging, output)
 
 
 def _int_list(text: str) -> list[int]:
