@@ -1,0 +1,65 @@
+"""DLRM model: shapes, initialisation, config errors."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from dlrm.model import Dlrm, LocalEmbeddings, ModelConfig
+
+# Odd, tiny sizes (keras-rs style) so that shape bugs surface.
+CARDINALITIES = (23, 7, 11)
+
+
+def config(**overrides: object) -> ModelConfig:
+    values: dict = {
+        "num_numerical": 5,
+        "cardinalities": CARDINALITIES,
+        "hotness": (1, 1, 1),
+        "embedding_dim": 7,
+        "bottom_mlp_dims": (13, 7),
+        "top_mlp_dims": (9, 1),
+    }
+    values.update(overrides)
+    return ModelConfig(**values)
+
+
+def test_output_shape_one_hot() -> None:
+    rng = np.random.default_rng(0)
+    model = Dlrm(config())
+    numerical = rng.random((6, 5), dtype=np.float32)
+    ids = np.stack([rng.integers(0, c, 6) for c in CARDINALITIES], axis=1).astype(np.int32)
+    logits = model(numerical, ids)
+    assert logits.shape == (6, 1)
+    assert np.isfinite(logits.numpy()).all()
+    # interaction width: 7 + (3 + 1) * 3 / 2 = 13 inputs to the top MLP
+    assert model.top_mlp.layers[0].kernel.shape == (13, 9)
+
+
+def test_output_shape_multi_hot_pools_by_sum() -> None:
+    embeddings = LocalEmbeddings((23, 7), 4)
+    ids = (np.array([[1, 2], [3, 3]], np.int32), np.array([[0], [6]], np.int32))
+    out = embeddings(ids).numpy()
+    assert out.shape == (2, 2, 4)
+    table_0 = embeddings.tables[0].numpy()
+    np.testing.assert_allclose(out[0, 0], table_0[1] + table_0[2], rtol=1e-6)
+    np.testing.assert_allclose(out[1, 0], 2 * table_0[3], rtol=1e-6)
+
+
+def test_embedding_initialisation_range() -> None:
+    embeddings = LocalEmbeddings((10000, 4), 8)
+    embeddings(np.zeros((1, 2), np.int32))
+    big = embeddings.tables[0].numpy()
+    assert np.abs(big).max() <= math.sqrt(1 / 10000) + 1e-9
+    assert np.abs(big).max() > 0.9 * math.sqrt(1 / 10000)
+
+
+def test_config_errors_name_the_flags() -> None:
+    with pytest.raises(ValueError, match=r"--bottom_mlp_dims: .*--embedding_dim \(7\).*got 8"):
+        config(bottom_mlp_dims=(13, 8))
+    with pytest.raises(ValueError, match="--top_mlp_dims: the last width must be 1"):
+        config(top_mlp_dims=(9, 2))
+    with pytest.raises(ValueError, match="hotness: expected one value per table"):
+        config(hotness=(1,))
