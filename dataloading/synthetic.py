@@ -66,7 +66,6 @@ def generate_split_binary(
     """
     rows = dict(rows if rows is not None else {"train": 100_000, "test": 20_000})
     output = Path(output_dir)
-    staging = start_staging(output, overwrite)
     hotness = tuple(hotness) if hotness is not None else (1,) * len(cardinalities)
     for cardinality in cardinalities:
         minimal_categorical_dtype(cardinality)  # validates the cardinality
@@ -79,15 +78,19 @@ def generate_split_binary(
         "positive_rate": positive_rate,
         "teacher_bias": teacher.bias,
     }
+    # Everything is validated before anything is written.
+    staging = start_staging(output, overwrite)
     spec = build_split_binary_spec(
-        cardinalities, num_numerical, hotness, mappings=tuple(rows), metadata=metadata
+        cardinalities,
+        num_numerical,
+        hotness,
+        mappings=tuple(rows),
+        base_directory=staging,
+        metadata=metadata,
     )
     streams = np.random.SeedSequence([seed, 0x5B1]).spawn(len(rows))
     for (mapping, count), stream in zip(rows.items(), streams, strict=True):
-        _write_mapping(
-            spec, staging, mapping, count, sampler, teacher, stream, chunk_rows, progress
-        )
-    spec = _with_base(spec, staging)
+        _write_mapping(spec, mapping, count, sampler, teacher, stream, chunk_rows, progress)
     spec.dump(staging / "feature_spec.yaml")
     publish(staging, output)
     return FeatureSpec.load(output)
@@ -104,7 +107,6 @@ def build_teacher(sampler: FeatureSampler, seed: int, positive_rate: float) -> T
 
 def _write_mapping(
     spec: FeatureSpec,
-    root: Path,
     mapping: str,
     count: int,
     sampler: FeatureSampler,
@@ -113,7 +115,7 @@ def _write_mapping(
     chunk_rows: int,
     progress: Callable[[str], None] | None,
 ) -> None:
-    files = _with_base(spec, root).files(mapping)
+    files = spec.files(mapping)
     files.label.parent.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(stream)
     dtypes = [np.dtype(f.dtype) for f in spec.categorical_features]
@@ -139,16 +141,6 @@ def _write_mapping(
             if progress is not None:
                 rate = (done + n) / max(time.monotonic() - start, 1e-9)
                 progress(f"[synthetic] {mapping}: {done + n:,}/{count:,} rows ({rate:,.0f} rows/s)")
-
-
-def _with_base(spec: FeatureSpec, base: Path) -> FeatureSpec:
-    return FeatureSpec(
-        features=spec.features,
-        source_spec=spec.source_spec,
-        channel_spec=spec.channel_spec,
-        metadata=spec.metadata,
-        base_directory=base,
-    )
 
 
 def _int_list(text: str) -> list[int]:

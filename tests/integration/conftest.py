@@ -28,7 +28,7 @@ def horovodrun() -> str:
     return found
 
 
-def run(args: list[str], timeout: float, **kwargs: object) -> subprocess.CompletedProcess[str]:
+def run(args: list[str], timeout: float) -> subprocess.CompletedProcess[str]:
     """Runs a command from the repo root with the venv first on PATH; output captured."""
     env = dict(os.environ)
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
@@ -42,5 +42,4 @@ def run(args: list[str], timeout: float, **kwargs: object) -> subprocess.Complet
         text=True,
         timeout=timeout,
         check=False,
-        **kwargs,  # type: ignore[arg-type]
     )

@@ -94,6 +94,14 @@ def test_same_seed_same_bytes_and_no_overwrite(tmp_path: Path) -> None:
     assert not list(tmp_path.glob(".*partial"))
 
 
+def test_bad_cardinality_writes_nothing(tmp_path: Path) -> None:
+    from feature_spec import FeatureSpecError
+
+    with pytest.raises(FeatureSpecError, match="cardinality: expected a positive int, got 0"):
+        generate_split_binary(tmp_path / "d", (5, 0, 7), 2, rows={"train": 10})
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_cli_writes_dataset(tmp_path: Path) -> None:
     out = tmp_path / "cli"
     code = main(

@@ -28,11 +28,12 @@ def main() -> None:
     data_parallel = SplitBinaryDataset(
         spec, "train", ShardSpec(global_batch, rank, size, input_mode=InputMode.DATA_PARALLEL)
     )
+    whole_batches = SplitBinaryDataset(spec, "train", ShardSpec(global_batch))
     labels, ids = [], []
     for mp, dp in zip(model_parallel.to_tf_dataset(), data_parallel.to_tf_dataset(), strict=True):
         # The ranks' local labels, gathered in rank order, are the global batch's.
         gathered = hvd.allgather(mp.label)
-        whole = SplitBinaryDataset(spec, "train", ShardSpec(global_batch)).read_batch(len(labels))
+        whole = whole_batches.read_batch(len(labels))
         np.testing.assert_array_equal(gathered.numpy(), whole.label)
         # Data-parallel ids of local rows, gathered, equal the global batch's ids.
         np.testing.assert_array_equal(hvd.allgather(dp.categorical).numpy(), whole.categorical)
