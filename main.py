@@ -1,22 +1,157 @@
-"""DLRM training entry point: `python main.py --dataset_path DIR [flags]`.
+"""DLRM training entry point.
 
-Training, evaluation, inference and export land with the model/training issue;
-until then this entry point says so instead of pretending to train.
+    python main.py --dataset_path DIR [--mode train|eval|inference|export] [flags]
+    python main.py --flagfile run.flags
+
+Flag names follow NVIDIA's TF2 DLRM where one exists. This file only defines
+the flags, builds and validates one `RunConfig`, and calls `dlrm.app.run`.
 """
 
+from __future__ import annotations
+
+import os
 import sys
 
+from absl import app, flags
 
-def main() -> int:
-    print(
-        "main.py: training is not implemented yet (it lands with the DLRM model and "
-        "training issue). Available now: FeatureSpec datasets (feature_spec/), the "
-        "per-rank loader (dataloading/split_binary.py) and synthetic data "
-        "(python -m dataloading.synthetic).",
-        file=sys.stderr,
+from dlrm.config import MODES, OPTIMIZERS, RunConfig
+
+_D = RunConfig.default
+
+flags.DEFINE_enum("mode", _D("mode"), list(MODES), "What to run.")
+flags.DEFINE_string("dataset_path", None, "Dataset directory (holds the FeatureSpec).")
+flags.DEFINE_string(
+    "feature_spec", _D("feature_spec"), "FeatureSpec file name inside --dataset_path."
+)
+flags.DEFINE_integer("batch_size", _D("batch_size"), "Global training batch size.")
+flags.DEFINE_integer(
+    "valid_batch_size",
+    None,
+    "Global batch size for evaluation and inference (default: --batch_size).",
+)
+flags.DEFINE_enum("optimizer", _D("optimizer"), list(OPTIMIZERS), "Optimizer.")
+flags.DEFINE_float("learning_rate", _D("learning_rate"), "Peak learning rate.")
+flags.DEFINE_integer("warmup_steps", _D("warmup_steps"), "Linear warmup steps.")
+flags.DEFINE_integer(
+    "decay_start_step",
+    _D("decay_start_step"),
+    "Step where the polynomial decay starts (0: no decay).",
+)
+flags.DEFINE_integer("decay_steps", _D("decay_steps"), "Length of the polynomial decay.")
+flags.DEFINE_float("decay_power", _D("decay_power"), "Power of the polynomial decay.")
+flags.DEFINE_float("decay_end_lr", _D("decay_end_lr"), "Learning rate after the decay.")
+flags.DEFINE_integer("epochs", _D("epochs"), "Passes over the training split.")
+flags.DEFINE_integer("max_steps", _D("max_steps"), "Stop after this many steps (-1: no limit).")
+flags.DEFINE_integer("seed", _D("seed"), "Seed of the initial weights.")
+flags.DEFINE_integer("embedding_dim", _D("embedding_dim"), "Embedding width.")
+flags.DEFINE_list(
+    "bottom_mlp_dims",
+    [str(d) for d in _D("bottom_mlp_dims")],
+    "Bottom MLP widths; the last equals --embedding_dim.",
+)
+flags.DEFINE_list(
+    "top_mlp_dims", [str(d) for d in _D("top_mlp_dims")], "Top MLP widths; the last is 1."
+)
+flags.DEFINE_bool("amp", False, "Mixed precision: bfloat16 on CPU, float16 + loss scaling on GPU.")
+flags.DEFINE_bool("xla", False, "Compile the dense part (MLPs, interaction) with XLA.")
+flags.DEFINE_integer("evals_per_epoch", _D("evals_per_epoch"), "Evaluations per epoch.")
+flags.DEFINE_integer("print_freq", _D("print_freq"), "Steps between progress lines.")
+flags.DEFINE_string(
+    "log_path", None, "JSON-lines metrics log (default: metrics.jsonl in --save_checkpoint_path)."
+)
+flags.DEFINE_string(
+    "tensorboard_dir",
+    None,
+    "TensorBoard directory (default: tensorboard/ in --save_checkpoint_path).",
+)
+flags.DEFINE_string("save_checkpoint_path", None, "Directory for checkpoints (step_* inside).")
+flags.DEFINE_string(
+    "restore_checkpoint_path",
+    None,
+    "Checkpoint to restore: a step_* directory, or a directory of them (the newest is used).",
+)
+flags.DEFINE_integer("keep_checkpoints", _D("keep_checkpoints"), "Checkpoints kept.")
+flags.DEFINE_string("saved_model_output_path", None, "Where --mode export writes the SavedModel.")
+flags.DEFINE_integer(
+    "benchmark_warmup_steps", _D("benchmark_warmup_steps"), "Untimed first inference batches."
+)
+
+FLAGS = flags.FLAGS
+
+
+def _widths(flag: str, values: list[str]) -> tuple[int, ...]:
+    try:
+        return tuple(int(v) for v in values)
+    except ValueError:
+        raise ValueError(
+            f"--{flag}: expected comma-separated integers, got {','.join(values)!r}"
+        ) from None
+
+
+def config_from_flags() -> RunConfig:
+    """The frozen, validated config (raises ConfigError/ValueError naming the flag)."""
+    return RunConfig(
+        mode=FLAGS.mode,
+        dataset_path=FLAGS.dataset_path,
+        feature_spec=FLAGS.feature_spec,
+        batch_size=FLAGS.batch_size,
+        valid_batch_size=FLAGS.valid_batch_size,
+        optimizer=FLAGS.optimizer,
+        learning_rate=FLAGS.learning_rate,
+        warmup_steps=FLAGS.warmup_steps,
+        decay_start_step=FLAGS.decay_start_step,
+        decay_steps=FLAGS.decay_steps,
+        decay_power=FLAGS.decay_power,
+        decay_end_lr=FLAGS.decay_end_lr,
+        epochs=FLAGS.epochs,
+        max_steps=FLAGS.max_steps,
+        seed=FLAGS.seed,
+        embedding_dim=FLAGS.embedding_dim,
+        bottom_mlp_dims=_widths("bottom_mlp_dims", FLAGS.bottom_mlp_dims),
+        top_mlp_dims=_widths("top_mlp_dims", FLAGS.top_mlp_dims),
+        amp=FLAGS.amp,
+        xla=FLAGS.xla,
+        evals_per_epoch=FLAGS.evals_per_epoch,
+        print_freq=FLAGS.print_freq,
+        log_path=FLAGS.log_path,
+        tensorboard_dir=FLAGS.tensorboard_dir,
+        save_checkpoint_path=FLAGS.save_checkpoint_path,
+        restore_checkpoint_path=FLAGS.restore_checkpoint_path,
+        keep_checkpoints=FLAGS.keep_checkpoints,
+        saved_model_output_path=FLAGS.saved_model_output_path,
+        benchmark_warmup_steps=FLAGS.benchmark_warmup_steps,
     )
-    return 2
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) > 1:
+        print(
+            f"main.py: unexpected arguments {argv[1:]}; every setting is a --flag", file=sys.stderr
+        )
+        return 2
+    try:
+        config = config_from_flags()
+    except ValueError as error:
+        print(f"main.py: invalid flags: {error}", file=sys.stderr)
+        return 2
+    # Must precede the TensorFlow import: quiet C++ logs unless the user asked.
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    from dataloading.errors import DatasetError
+    from dlrm.app import DataError, run
+    from dlrm.checkpoint import CheckpointError
+    from dlrm.trainer import NonFiniteLossError
+    from feature_spec import FeatureSpecError
+
+    try:
+        run(config)
+    except (FeatureSpecError, DatasetError, DataError, CheckpointError) as error:
+        print(f"main.py: {error}", file=sys.stderr)
+        return 1
+    except NonFiniteLossError as error:
+        print(f"main.py: {error}", file=sys.stderr)
+        return 3
+    return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    app.run(lambda argv: sys.exit(main(argv)))

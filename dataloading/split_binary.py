@@ -193,8 +193,13 @@ class SplitBinaryDataset:
 
     # ---------------------------------------------------------------- tf.data
 
-    def to_tf_dataset(self, prefetch: int = tf.data.AUTOTUNE) -> tf.data.Dataset:
-        """A dataset of `Batch`es of tensors, one element per global batch."""
+    def to_tf_dataset(self, prefetch: int = tf.data.AUTOTUNE, start: int = 0) -> tf.data.Dataset:
+        """A dataset of `Batch`es of tensors, one element per global batch, from
+        batch `start` (where a resumed run continues) to the end."""
+        if not 0 <= start <= self.num_batches:
+            raise DatasetError(
+                f"start batch: expected 0 <= start <= {self.num_batches}, got {start}"
+            )
         local = self.shard.local_batch_size
         cat_rows = self.categorical_batch_size
         n_num = len(self.spec.numerical_features)
@@ -218,7 +223,7 @@ class SplitBinaryDataset:
             cats = flat[1] if self._one_hot else tuple(flat[1 : 1 + len(cat_shapes)])
             return Batch(numerical=flat[0], categorical=cats, label=flat[-2], weight=flat[-1])
 
-        dataset = tf.data.Dataset.range(self.num_batches)
+        dataset = tf.data.Dataset.range(start, self.num_batches)
         dataset = dataset.map(to_batch, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
         return dataset.prefetch(prefetch)
 

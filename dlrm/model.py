@@ -15,7 +15,10 @@ from typing import Any
 import keras
 import tensorflow as tf
 
+from dlrm.embedding import LocalEmbeddings
 from dlrm.interaction import DotInteraction
+
+__all__ = ["Dlrm", "LocalEmbeddings", "ModelConfig", "mlp"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,10 +49,30 @@ class ModelConfig:
                 f"got {len(self.hotness)}"
             )
 
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-friendly (lists, not tuples), as stored in checkpoint manifests."""
+        return {
+            key: list(value) if isinstance(value, tuple) else value
+            for key, value in dataclasses.asdict(self).items()
+        }
 
-def mlp(dims: Sequence[int], name: str, final_activation: str | None = "relu") -> keras.Sequential:
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> ModelConfig:
+        converted: dict[str, Any] = {
+            key: tuple(value) if isinstance(value, list) else value for key, value in values.items()
+        }
+        return cls(**converted)
+
+
+def mlp(
+    dims: Sequence[int],
+    name: str,
+    final_activation: str | None = "relu",
+    dtype_policy: str = "float32",
+) -> keras.Sequential:
     """Dense layers as NVIDIA initialises them: Glorot-normal kernels, biases
-    normal with stddev sqrt(1 / width)."""
+    normal with stddev sqrt(1 / width). Under a mixed policy the weights stay
+    float32 and the matmuls run in the compute dtype."""
     layers = []
     for index, width in enumerate(dims):
         last = index == len(dims) - 1
@@ -60,63 +83,66 @@ def mlp(dims: Sequence[int], name: str, final_activation: str | None = "relu") -
                 kernel_initializer=keras.initializers.GlorotNormal(),
                 bias_initializer=keras.initializers.RandomNormal(stddev=math.sqrt(1.0 / width)),
                 name=f"{name}_{index}",
+                dtype=dtype_policy,
             )
         )
     return keras.Sequential(layers, name=name)
 
 
-class LocalEmbeddings(keras.layers.Layer):
-    """Every table on this process: one variable [rows, D] each.
+class Dlrm(keras.Model):
+    """logit = top_mlp(interaction(bottom_mlp(numerical), embeddings(ids))).
 
-    Initialised uniform in +-sqrt(1 / rows), as the reference DLRM. Multi-hot
-    rows are pooled by sum.
+    The forward pass is two halves so the trainer can treat them differently:
+    `embeddings` (sparse lookups; collectives when sharded) and `dense_forward`
+    (bottom MLP, interaction, top MLP; what `--xla` compiles).
 
-    Call with ids [B, T] int32 (all one-hot) or a sequence of T tensors
-    [B, hotness_t]; returns [B, T, D].
+    Args:
+        config: the architecture.
+        embeddings: the embeddings layer; `LocalEmbeddings` (every table here) by
+            default, the sharded implementation under horovodrun.
+        dtype_policy: "float32", "mixed_bfloat16" or "mixed_float16" for the
+            MLPs and interaction; embeddings stay float32 whatever the policy.
+        seed: seeds the default embeddings' initial values.
     """
 
-    def __init__(self, cardinalities: Sequence[int], dim: int, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.cardinalities = tuple(cardinalities)
-        self.dim = dim
-        self.tables = []
-        for index, rows in enumerate(self.cardinalities):
-            limit = math.sqrt(1.0 / rows)
-            self.tables.append(
-                self.add_weight(
-                    shape=(rows, dim),
-                    initializer=keras.initializers.RandomUniform(-limit, limit),
-                    name=f"table_{index}",
-                    dtype="float32",
-                )
-            )
-
-    def call(self, ids: Any) -> tf.Tensor:
-        if isinstance(ids, (tuple, list)):
-            vectors = [
-                tf.reduce_sum(tf.gather(table, table_ids), axis=1)
-                for table, table_ids in zip(self.tables, ids, strict=True)
-            ]
-        else:
-            vectors = [tf.gather(table, ids[:, t]) for t, table in enumerate(self.tables)]
-        return tf.stack(vectors, axis=1)
-
-
-class Dlrm(keras.Model):
-    """logit = top_mlp(interaction(bottom_mlp(numerical), embeddings(ids)))."""
-
     def __init__(
-        self, config: ModelConfig, embeddings: keras.layers.Layer | None = None, **kwargs: Any
+        self,
+        config: ModelConfig,
+        embeddings: keras.layers.Layer | None = None,
+        dtype_policy: str = "float32",
+        seed: int = 0,
+        **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         self.config = config
-        self.bottom_mlp = mlp(config.bottom_mlp_dims, "bottom_mlp")
-        self.embeddings = embeddings or LocalEmbeddings(config.cardinalities, config.embedding_dim)
-        self.interaction = DotInteraction()
-        self.top_mlp = mlp(config.top_mlp_dims, "top_mlp", final_activation=None)
+        self.dtype_policy_name = dtype_policy
+        self.bottom_mlp = mlp(config.bottom_mlp_dims, "bottom_mlp", dtype_policy=dtype_policy)
+        self.embeddings = embeddings or LocalEmbeddings(
+            config.cardinalities, config.embedding_dim, seed=seed
+        )
+        self.interaction = DotInteraction(dtype=dtype_policy)
+        self.top_mlp = mlp(
+            config.top_mlp_dims, "top_mlp", final_activation=None, dtype_policy=dtype_policy
+        )
+
+    def build_all(self) -> None:
+        """Creates every variable (Keras creates them lazily on first call)."""
+        c = self.config
+        numerical = tf.zeros([1, c.num_numerical], tf.float32)
+        vectors = tf.zeros([1, len(c.cardinalities), c.embedding_dim], tf.float32)
+        self.dense_forward(numerical, vectors)
+
+    @property
+    def dense_variables(self) -> list[Any]:
+        """Weights of the data-parallel part (MLPs), in a fixed order."""
+        return [*self.bottom_mlp.trainable_variables, *self.top_mlp.trainable_variables]
+
+    def dense_forward(self, numerical: tf.Tensor, vectors: tf.Tensor) -> tf.Tensor:
+        """numerical [B, n_numerical] float32, vectors [B, T, D] -> logits [B, 1] float32."""
+        dense = self.bottom_mlp(numerical)
+        interactions = self.interaction(dense, tf.cast(vectors, dense.dtype))
+        return tf.cast(self.top_mlp(interactions), tf.float32)
 
     def call(self, numerical: tf.Tensor, categorical: Any) -> tf.Tensor:
-        """numerical [B, n_numerical], ids as `LocalEmbeddings` takes them -> logits [B, 1]."""
-        dense = self.bottom_mlp(numerical)
-        vectors = tf.cast(self.embeddings(categorical), dense.dtype)
-        return self.top_mlp(self.interaction(dense, vectors))
+        """numerical [B, n_numerical], ids as the embeddings take them -> logits [B, 1]."""
+        return self.dense_forward(numerical, self.embeddings(categorical))

@@ -9,34 +9,9 @@ from typing import Any
 import keras
 import tensorflow as tf
 
+from dlrm.config import ScheduleConfig
 
-@dataclasses.dataclass(frozen=True)
-class ScheduleConfig:
-    learning_rate: float
-    warmup_steps: int = 0
-    decay_start_step: int = 0  # 0: no decay
-    decay_steps: int = 0
-    decay_power: float = 2.0
-    end_learning_rate: float = 0.0
-
-    def __post_init__(self) -> None:
-        if self.learning_rate <= 0:
-            raise ValueError(f"--learning_rate: expected > 0, got {self.learning_rate}")
-        for name in ("warmup_steps", "decay_start_step", "decay_steps"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"--{name}: expected >= 0, got {getattr(self, name)}")
-        if self.decay_start_step and self.decay_start_step < self.warmup_steps:
-            raise ValueError(
-                f"--decay_start_step: expected >= --warmup_steps ({self.warmup_steps}), "
-                f"got {self.decay_start_step}"
-            )
-        if self.decay_start_step and not self.decay_steps:
-            raise ValueError("--decay_steps: expected > 0 when --decay_start_step is set, got 0")
-        if not 0 <= self.end_learning_rate <= self.learning_rate:
-            raise ValueError(
-                f"end learning rate: expected in [0, {self.learning_rate}], "
-                f"got {self.end_learning_rate}"
-            )
+__all__ = ["DlrmSchedule", "ScheduleConfig"]
 
 
 class DlrmSchedule(keras.optimizers.schedules.LearningRateSchedule):

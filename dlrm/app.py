@@ -1,0 +1,352 @@
+"""The application behind `main.py`: train, eval, inference and export modes.
+
+Takes a validated `RunConfig`; builds the dataset readers, the model and the
+trainer from it and the dataset's FeatureSpec; reports through `MetricsLog`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from pathlib import Path
+from typing import Any, TextIO
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from dataloading.split_binary import LastBatch, ShardSpec, SplitBinaryDataset
+from dlrm import metrics
+from dlrm.checkpoint import Checkpoint, CheckpointError
+from dlrm.config import RunConfig, check_world_size
+from dlrm.export import export_saved_model
+from dlrm.model import Dlrm, ModelConfig
+from dlrm.optimizers import create_optimizer
+from dlrm.precision import Precision, choose_precision
+from dlrm.reporting import MetricsLog, Throughput, format_duration
+from dlrm.schedule import DlrmSchedule
+from dlrm.trainer import Trainer
+from dlrm.training_state import (
+    check_model_matches,
+    restore_model_weights,
+    restore_training_state,
+    save_training_state,
+)
+from feature_spec import TEST_MAPPING, TRAIN_MAPPING, FeatureSpec
+
+
+class DataError(ValueError):
+    """The dataset cannot serve this run (e.g. fewer rows than one batch)."""
+
+
+def model_config_for(spec: FeatureSpec, config: RunConfig) -> ModelConfig:
+    return ModelConfig(
+        num_numerical=len(spec.numerical_features),
+        cardinalities=spec.cardinalities,
+        hotness=spec.hotness,
+        embedding_dim=config.embedding_dim,
+        bottom_mlp_dims=config.bottom_mlp_dims,
+        top_mlp_dims=config.top_mlp_dims,
+    )
+
+
+def has_gpu() -> bool:
+    return bool(tf.config.list_physical_devices("GPU"))
+
+
+def eval_steps(steps_per_epoch: int, epochs: int, evals_per_epoch: int) -> list[int]:
+    """Global step counts after which to evaluate: evenly spaced in each epoch."""
+    points = []
+    for epoch in range(epochs):
+        for k in range(1, evals_per_epoch + 1):
+            points.append(epoch * steps_per_epoch + round(k * steps_per_epoch / evals_per_epoch))
+    return sorted(set(p for p in points if p > 0))
+
+
+@dataclasses.dataclass
+class Session:
+    """What every mode shares: config, dataset spec, model and trainer."""
+
+    config: RunConfig
+    spec: FeatureSpec | None
+    model_config: ModelConfig
+    precision: Precision
+    model: Dlrm
+    trainer: Trainer | None
+    log: MetricsLog
+
+
+def _build(config: RunConfig, log: MetricsLog) -> Session:
+    spec = FeatureSpec.load(config.feature_spec_path)
+    model_config = model_config_for(spec, config)
+    keras.utils.set_random_seed(config.seed)
+    precision = choose_precision(config.amp, has_gpu())
+    model = Dlrm(model_config, dtype_policy=precision.dtype_policy, seed=config.seed)
+    trainer = Trainer(
+        model,
+        # Only training needs optimizer slots (up to 2x the tables' memory).
+        create_optimizer(config.optimizer if config.mode == "train" else "sgd"),
+        DlrmSchedule(config.schedule),
+        precision,
+        global_batch_size=config.batch_size,
+        use_xla=config.xla,
+    )
+    return Session(config, spec, model_config, precision, model, trainer, log)
+
+
+def _open_checkpoint(path: str, model_config: ModelConfig) -> Checkpoint:
+    checkpoint = Checkpoint(path)
+    check_model_matches(checkpoint, model_config.to_dict())
+    return checkpoint
+
+
+# ---------------------------------------------------------------- evaluation
+
+
+def evaluate(session: Session) -> metrics.EvaluationResult:
+    """Exact AUC, logloss and accuracy over the whole test split."""
+    assert session.trainer is not None and session.spec is not None
+    test = SplitBinaryDataset(
+        session.spec,
+        TEST_MAPPING,
+        ShardSpec(session.config.eval_batch_size),
+        last_batch=LastBatch.PAD,
+    )
+    labels, probabilities = [], []
+    for batch in test.to_tf_dataset():
+        prediction = session.trainer.predict(batch.numerical, batch.categorical).numpy()
+        keep = batch.weight.numpy().reshape(-1) > 0
+        labels.append(batch.label.numpy().reshape(-1)[keep])
+        probabilities.append(prediction.reshape(-1)[keep])
+    if not labels:
+        raise DataError(f"{session.config.feature_spec_path}: the test split has no rows")
+    return metrics.evaluate(np.concatenate(labels), np.concatenate(probabilities))
+
+
+def _eval_record(result: metrics.EvaluationResult) -> dict[str, Any]:
+    return {
+        "auc": result.auc,
+        "logloss": result.logloss,
+        "accuracy": result.accuracy,
+        "samples": result.samples,
+    }
+
+
+# ------------------------------------------------------------------ training
+
+
+def train(session: Session) -> dict[str, Any]:
+    config, log = session.config, session.log
+    trainer = session.trainer
+    assert trainer is not None and session.spec is not None
+    train_data = SplitBinaryDataset(session.spec, TRAIN_MAPPING, ShardSpec(config.batch_size))
+    steps_per_epoch = train_data.num_batches
+    if steps_per_epoch == 0:
+        raise DataError(
+            f"{config.feature_spec_path}: the train split has {train_data.rows} rows, fewer "
+            f"than one global batch (--batch_size {config.batch_size})"
+        )
+    total_steps = config.epochs * steps_per_epoch
+    if config.max_steps > 0:
+        total_steps = min(total_steps, config.max_steps)
+    start_step = 0
+    if config.restore_checkpoint_path:
+        checkpoint = _open_checkpoint(config.restore_checkpoint_path, session.model_config)
+        start_step = restore_training_state(trainer, checkpoint)
+        log.print(f"restored {checkpoint.path} at step {start_step}")
+    if config.save_checkpoint_path:
+        config.write(config.save_checkpoint_path)
+    evals = [
+        s
+        for s in eval_steps(steps_per_epoch, config.epochs, config.evals_per_epoch)
+        if start_step < s <= total_steps
+    ]
+    if not evals or evals[-1] != total_steps:
+        evals.append(total_steps)
+    log.print(
+        f"training: {train_data.rows:,} rows, {steps_per_epoch:,} steps per epoch of "
+        f"{config.batch_size:,}; steps {start_step:,} -> {total_steps:,}; "
+        f"precision {session.precision.dtype_policy}, xla {config.xla}, "
+        f"optimizer {config.optimizer}"
+    )
+    log.write("start", step=start_step, total_steps=total_steps, config=config.to_dict())
+    throughput = Throughput(config.batch_size, start_step, total_steps)
+    wall_start = time.perf_counter()
+    train_seconds = 0.0
+    last_result: metrics.EvaluationResult | None = None
+    checkpoint_path: Path | None = None
+    step = start_step
+    loss = float("nan")
+    while step < total_steps:
+        epoch, position = divmod(step, steps_per_epoch)
+        segment_start = time.perf_counter()
+        for batch in train_data.to_tf_dataset(start=position):
+            loss_tensor = trainer.train_step(batch)
+            step += 1
+            report = step % config.print_freq == 0
+            if report or step in evals or step == total_steps:
+                loss = float(loss_tensor.numpy())
+                trainer.check_finite()
+            if report:
+                samples_per_second, eta = throughput.mark(step)
+                lr = float(trainer.learning_rate(tf.constant(step - 1, tf.int64)))
+                log.print(
+                    f"epoch {epoch} step {step:,}/{total_steps:,} | loss {loss:.5f} | "
+                    f"lr {lr:.4g} | {samples_per_second:,.0f} samples/s | "
+                    f"ETA {format_duration(eta)}"
+                )
+                log.write(
+                    "train",
+                    step=step,
+                    epoch=epoch,
+                    loss=loss,
+                    learning_rate=lr,
+                    samples_per_second=samples_per_second,
+                )
+            if step in evals:
+                train_seconds += time.perf_counter() - segment_start
+                last_result = evaluate(session)
+                log.print(
+                    f"eval at step {step:,}: AUC {last_result.auc:.5f} | logloss "
+                    f"{last_result.logloss:.5f} | accuracy {last_result.accuracy:.4f} "
+                    f"({last_result.samples:,} samples)"
+                )
+                log.write("eval", step=step, epoch=epoch, **_eval_record(last_result))
+                if config.save_checkpoint_path:
+                    checkpoint_path = save_training_state(
+                        trainer,
+                        config.save_checkpoint_path,
+                        _manifest_fields(session),
+                        keep=config.keep_checkpoints,
+                    )
+                    log.print(f"checkpoint: {checkpoint_path}")
+                throughput.mark(step)
+                segment_start = time.perf_counter()
+            if step >= total_steps:
+                break
+        train_seconds += time.perf_counter() - segment_start
+    trainer.check_finite()
+    if last_result is None:  # resumed at or past the end: evaluate what was restored
+        last_result = evaluate(session)
+    trained = step - start_step
+    summary = {
+        "mode": "train",
+        "steps": step,
+        "steps_this_run": trained,
+        "final_loss": loss,
+        "train_samples_per_second": trained * config.batch_size / train_seconds
+        if train_seconds > 0
+        else 0.0,
+        "wall_time_s": time.perf_counter() - wall_start,
+        **_eval_record(last_result),
+        "checkpoint": str(checkpoint_path) if checkpoint_path else None,
+    }
+    return summary
+
+
+def _manifest_fields(session: Session) -> dict[str, Any]:
+    return {
+        "config": session.config.to_dict(),
+        "model": session.model_config.to_dict(),
+        "precision": session.precision.dtype_policy,
+        "world_size": 1,
+    }
+
+
+# ------------------------------------------------------------- other modes
+
+
+def run_eval(session: Session) -> dict[str, Any]:
+    config = session.config
+    if config.restore_checkpoint_path:
+        checkpoint = _open_checkpoint(config.restore_checkpoint_path, session.model_config)
+        restore_model_weights(session.model, checkpoint)
+        session.log.print(f"evaluating {checkpoint.path}")
+    else:
+        session.log.print("evaluating the untrained model (no --restore_checkpoint_path)")
+    start = time.perf_counter()
+    result = evaluate(session)
+    return {"mode": "eval", **_eval_record(result), "wall_time_s": time.perf_counter() - start}
+
+
+def run_inference(session: Session) -> dict[str, Any]:
+    """Prediction throughput and latency over the test split, batch by batch."""
+    config = session.config
+    trainer = session.trainer
+    assert trainer is not None and session.spec is not None
+    if config.restore_checkpoint_path:
+        checkpoint = _open_checkpoint(config.restore_checkpoint_path, session.model_config)
+        restore_model_weights(session.model, checkpoint)
+    test = SplitBinaryDataset(
+        session.spec, TEST_MAPPING, ShardSpec(config.eval_batch_size), last_batch=LastBatch.PAD
+    )
+    steps = config.max_steps if config.max_steps > 0 else test.num_batches
+    warmup = config.benchmark_warmup_steps
+    latencies = []
+    dataset = test.to_tf_dataset().repeat()
+    for index, batch in enumerate(dataset.take(steps + warmup)):
+        start = time.perf_counter()
+        trainer.predict(batch.numerical, batch.categorical).numpy()
+        if index >= warmup:
+            latencies.append(time.perf_counter() - start)
+        if index % config.print_freq == 0:
+            session.log.print(f"inference batch {index:,}/{steps + warmup:,}")
+    seconds = np.asarray(latencies)
+    return {
+        "mode": "inference",
+        "batch_size": config.eval_batch_size,
+        "steps": len(latencies),
+        "samples_per_second": config.eval_batch_size / float(seconds.mean()),
+        "latency_mean_ms": 1000 * float(seconds.mean()),
+        "latency_p50_ms": 1000 * float(np.percentile(seconds, 50)),
+        "latency_p90_ms": 1000 * float(np.percentile(seconds, 90)),
+        "latency_p99_ms": 1000 * float(np.percentile(seconds, 99)),
+    }
+
+
+def run_export(config: RunConfig, log: MetricsLog) -> dict[str, Any]:
+    """SavedModel from a checkpoint; needs no dataset (the manifest has the model)."""
+    assert config.restore_checkpoint_path and config.saved_model_output_path
+    checkpoint = Checkpoint(config.restore_checkpoint_path)
+    model_values = checkpoint.manifest.get("model")
+    if not isinstance(model_values, dict):
+        raise CheckpointError(f"{checkpoint.path}: the manifest has no model config")
+    model_config = ModelConfig.from_dict(model_values)
+    model = Dlrm(model_config, dtype_policy="float32")
+    restore_model_weights(model, checkpoint)
+    output = export_saved_model(model, config.saved_model_output_path)
+    log.print(f"exported {checkpoint.path} (step {checkpoint.step}) to {output}")
+    return {"mode": "export", "checkpoint": str(checkpoint.path), "saved_model": str(output)}
+
+
+def run(config: RunConfig, console: TextIO | None = None) -> dict[str, Any]:
+    """Runs `config.mode`; returns the summary record (also logged)."""
+    check_world_size(config, 1)
+    log = MetricsLog(config.metrics_log_path, config.tensorboard_path, console=console)
+    try:
+        if config.mode == "export":
+            summary = run_export(config, log)
+        else:
+            session = _build(config, log)
+            if config.mode == "train":
+                summary = train(session)
+            elif config.mode == "eval":
+                summary = run_eval(session)
+            else:
+                summary = run_inference(session)
+        log.write("summary", **summary)
+        log.print(
+            "summary: "
+            + ", ".join(
+                f"{key} {value:.5g}" if isinstance(value, float) else f"{key} {value}"
+                for key, value in summary.items()
+            )
+            + (
+                f" (wall {format_duration(summary['wall_time_s'])})"
+                if "wall_time_s" in summary
+                else ""
+            )
+        )
+        return summary
+    finally:
+        log.close()

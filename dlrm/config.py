@@ -1,0 +1,231 @@
+"""The run configuration: one frozen value built from the flags, validated once.
+
+Errors name the flag (`--batch_size: ...`), the expected and the actual value.
+Dataset facts (cardinalities, feature counts) are not here: they come from the
+FeatureSpec. This module imports no TensorFlow, so `main.py` can validate flags
+before paying for (or configuring) the TensorFlow import.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+MODES = ("train", "eval", "inference", "export")
+OPTIMIZERS = ("sgd", "adagrad", "adam")
+
+
+class ConfigError(ValueError):
+    """A flag value, or a combination of them, is invalid."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ScheduleConfig:
+    learning_rate: float
+    warmup_steps: int = 0
+    decay_start_step: int = 0  # 0: no decay
+    decay_steps: int = 0
+    decay_power: float = 2.0
+    end_learning_rate: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.learning_rate <= 0:
+            raise ValueError(f"--learning_rate: expected > 0, got {self.learning_rate}")
+        for name in ("warmup_steps", "decay_start_step", "decay_steps"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"--{name}: expected >= 0, got {getattr(self, name)}")
+        if self.decay_start_step and self.decay_start_step < self.warmup_steps:
+            raise ValueError(
+                f"--decay_start_step: expected >= --warmup_steps ({self.warmup_steps}), "
+                f"got {self.decay_start_step}"
+            )
+        if self.decay_start_step and not self.decay_steps:
+            raise ValueError("--decay_steps: expected > 0 when --decay_start_step is set, got 0")
+        if not 0 <= self.end_learning_rate <= self.learning_rate:
+            raise ValueError(
+                f"end learning rate: expected in [0, {self.learning_rate}], "
+                f"got {self.end_learning_rate}"
+            )
+
+
+@dataclasses.dataclass(frozen=True)
+class RunConfig:
+    """Every setting of a run. Field names are the flag names."""
+
+    mode: str = "train"
+    dataset_path: str | None = None
+    feature_spec: str = "feature_spec.yaml"
+    # Optimisation
+    batch_size: int = 65536
+    valid_batch_size: int | None = None
+    optimizer: str = "sgd"
+    learning_rate: float = 24.0
+    warmup_steps: int = 8000
+    decay_start_step: int = 48000
+    decay_steps: int = 24000
+    decay_power: float = 2.0
+    decay_end_lr: float = 0.0
+    epochs: int = 1
+    max_steps: int = -1
+    seed: int = 12345
+    # Model
+    embedding_dim: int = 128
+    bottom_mlp_dims: tuple[int, ...] = (512, 256, 128)
+    top_mlp_dims: tuple[int, ...] = (1024, 1024, 512, 256, 1)
+    # Precision and compilation
+    amp: bool = False
+    xla: bool = False
+    # Evaluation, logging
+    evals_per_epoch: int = 1
+    print_freq: int = 100
+    log_path: str | None = None
+    tensorboard_dir: str | None = None
+    # Checkpoints and export
+    save_checkpoint_path: str | None = None
+    restore_checkpoint_path: str | None = None
+    keep_checkpoints: int = 3
+    saved_model_output_path: str | None = None
+    # Inference benchmark
+    benchmark_warmup_steps: int = 10
+
+    def __post_init__(self) -> None:
+        _validate(self)
+
+    # ------------------------------------------------------------------ derived
+
+    @property
+    def eval_batch_size(self) -> int:
+        return self.valid_batch_size or self.batch_size
+
+    @property
+    def schedule(self) -> ScheduleConfig:
+        return ScheduleConfig(
+            learning_rate=self.learning_rate,
+            warmup_steps=self.warmup_steps,
+            decay_start_step=self.decay_start_step,
+            decay_steps=self.decay_steps,
+            decay_power=self.decay_power,
+            end_learning_rate=self.decay_end_lr,
+        )
+
+    @property
+    def feature_spec_path(self) -> Path:
+        if self.dataset_path is None:
+            raise ConfigError("--dataset_path: required for this mode, got none")
+        return Path(self.dataset_path) / self.feature_spec
+
+    @property
+    def metrics_log_path(self) -> Path | None:
+        """`--log_path`, else metrics.jsonl in `--save_checkpoint_path`, else none."""
+        if self.log_path:
+            return Path(self.log_path)
+        if self.save_checkpoint_path:
+            return Path(self.save_checkpoint_path) / "metrics.jsonl"
+        return None
+
+    @property
+    def tensorboard_path(self) -> Path | None:
+        if self.tensorboard_dir:
+            return Path(self.tensorboard_dir)
+        if self.save_checkpoint_path:
+            return Path(self.save_checkpoint_path) / "tensorboard"
+        return None
+
+    @classmethod
+    def default(cls, name: str) -> Any:
+        """The default value of field `name` (for flag definitions)."""
+        return cls.__dataclass_fields__[name].default
+
+    def to_dict(self) -> dict[str, Any]:
+        values = dataclasses.asdict(self)
+        values["bottom_mlp_dims"] = list(self.bottom_mlp_dims)
+        values["top_mlp_dims"] = list(self.top_mlp_dims)
+        return values
+
+    def write(self, directory: str | os.PathLike[str]) -> Path:
+        """Writes the resolved config as `config.json` in `directory`."""
+        path = Path(directory) / "config.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        temporary = path.with_name(f".{path.name}.partial")
+        temporary.write_text(json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n")
+        os.replace(temporary, path)
+        return path
+
+
+def _require(condition: bool, message: str) -> None:
+    if not condition:
+        raise ConfigError(message)
+
+
+def _validate(c: RunConfig) -> None:
+    _require(c.mode in MODES, f"--mode: expected one of {', '.join(MODES)}, got {c.mode!r}")
+    _require(
+        c.optimizer in OPTIMIZERS,
+        f"--optimizer: expected one of {', '.join(OPTIMIZERS)}, got {c.optimizer!r}",
+    )
+    _require(c.batch_size > 0, f"--batch_size: expected > 0, got {c.batch_size}")
+    _require(
+        c.valid_batch_size is None or c.valid_batch_size > 0,
+        f"--valid_batch_size: expected > 0, got {c.valid_batch_size}",
+    )
+    _require(c.epochs >= 1, f"--epochs: expected >= 1, got {c.epochs}")
+    _require(
+        c.max_steps == -1 or c.max_steps >= 1,
+        f"--max_steps: expected -1 (no limit) or >= 1, got {c.max_steps}",
+    )
+    _require(c.evals_per_epoch >= 0, f"--evals_per_epoch: expected >= 0, got {c.evals_per_epoch}")
+    _require(c.print_freq >= 1, f"--print_freq: expected >= 1, got {c.print_freq}")
+    _require(
+        c.keep_checkpoints >= 1, f"--keep_checkpoints: expected >= 1, got {c.keep_checkpoints}"
+    )
+    _require(
+        c.benchmark_warmup_steps >= 0,
+        f"--benchmark_warmup_steps: expected >= 0, got {c.benchmark_warmup_steps}",
+    )
+    _require(c.embedding_dim > 0, f"--embedding_dim: expected > 0, got {c.embedding_dim}")
+    for flag in ("bottom_mlp_dims", "top_mlp_dims"):
+        dims = getattr(c, flag)
+        _require(
+            len(dims) > 0 and all(isinstance(d, int) and d > 0 for d in dims),
+            f"--{flag}: expected a comma-separated list of positive widths, got {list(dims)}",
+        )
+    _require(
+        c.bottom_mlp_dims[-1] == c.embedding_dim,
+        f"--bottom_mlp_dims: the last width must equal --embedding_dim ({c.embedding_dim}) "
+        f"for the dot interaction, got {c.bottom_mlp_dims[-1]}",
+    )
+    _require(
+        c.top_mlp_dims[-1] == 1,
+        f"--top_mlp_dims: the last width must be 1 (the click logit), got {c.top_mlp_dims[-1]}",
+    )
+    try:
+        c.schedule  # noqa: B018  (validates the schedule flags)
+    except ValueError as error:
+        raise ConfigError(str(error)) from error
+    if c.mode in ("train", "eval", "inference"):
+        _require(c.dataset_path is not None, f"--dataset_path: required for --mode {c.mode}")
+    if c.mode == "export":
+        _require(
+            c.restore_checkpoint_path is not None,
+            "--restore_checkpoint_path: required for --mode export (the checkpoint to export)",
+        )
+        _require(
+            c.saved_model_output_path is not None,
+            "--saved_model_output_path: required for --mode export (where to write it)",
+        )
+
+
+def check_world_size(config: RunConfig, world_size: int) -> None:
+    """The global batch sizes must divide by the number of ranks."""
+    for flag, value in (
+        ("--batch_size", config.batch_size),
+        ("--valid_batch_size", config.eval_batch_size),
+    ):
+        if value % world_size:
+            raise ConfigError(
+                f"{flag}: the global batch must divide by the number of ranks ({world_size}); "
+                f"got {value} = {value // world_size} * {world_size} + {value % world_size}"
+            )

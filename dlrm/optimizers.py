@@ -1,0 +1,252 @@
+"""SGD, Adagrad and Adam with sparse (row-wise) updates for embedding gradients.
+
+Embedding gradients arrive as `tf.IndexedSlices` (only the rows looked up), and
+are applied to those rows only, so a step costs O(batch) for a table of any size.
+The updates run TensorFlow's fused training kernels (`tf.raw_ops.ResourceApply*`,
+`ResourceSparseApply*`), the same kernels TensorFlow's own optimizers used before
+Keras 3; sparse Adam is "lazy" (moments of untouched rows do not decay), as
+NVIDIA's reference uses for embeddings.
+
+Why not Keras 3 optimizers: they keep slots in their own structure keyed by
+variable order, which the sharded checkpoints (one file per table shard, with
+its slots beside it, resharded on restore) cannot address, and their Adam and
+Adagrad turn `IndexedSlices` into dense [rows, D] updates.
+
+Slots are named after the variable's path, so checkpoints can store and
+restore them per variable.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+
+from dlrm.config import OPTIMIZERS
+
+
+def _resource(variable: Any) -> tf.Variable:
+    """The tf.Variable behind a Keras 3 variable (or the variable itself)."""
+    value = getattr(variable, "value", variable)
+    return value if isinstance(value, tf.Variable) else variable
+
+
+def variable_name(variable: Any) -> str:
+    """A stable name for checkpoints: the Keras path, else the tf.Variable name."""
+    path = getattr(variable, "path", None)
+    return str(path) if path else str(variable.name).split(":")[0]
+
+
+def _deduplicate(gradient: tf.IndexedSlices) -> tuple[tf.Tensor, tf.Tensor]:
+    """Unique row indices and their summed gradient rows.
+
+    Adagrad's and Adam's fused sparse kernels apply duplicate indices one after
+    the other, which is not the update of the summed gradient.
+    """
+    unique, positions = tf.unique(gradient.indices)
+    summed = tf.math.unsorted_segment_sum(gradient.values, positions, tf.shape(unique)[0])
+    return unique, summed
+
+
+class Optimizer(abc.ABC):
+    """Applies gradients to variables, with per-variable slots.
+
+    Call `build(variables)` eagerly once, then `apply(...)` (inside tf.function)
+    every step. `iterations` counts applied steps (Adam's bias correction).
+    """
+
+    name: str = ""
+    slot_names: tuple[str, ...] = ()
+
+    def __init__(self) -> None:
+        self.iterations = tf.Variable(0, dtype=tf.int64, trainable=False, name="iterations")
+        self._slots: dict[str, dict[str, tf.Variable]] = {}
+
+    def build(self, variables: Sequence[Any]) -> None:
+        for variable in variables:
+            name = variable_name(variable)
+            if name in self._slots:
+                continue
+            self._slots[name] = {
+                slot: tf.Variable(
+                    tf.fill(variable.shape, self._slot_initial_value(slot)),
+                    trainable=False,
+                    name=f"{name.replace('/', '.')}.{slot}",
+                )
+                for slot in self.slot_names
+            }
+
+    def _slot_initial_value(self, slot: str) -> float:
+        return 0.0
+
+    def slots(self, variable: Any) -> dict[str, tf.Variable]:
+        """Slot name -> slot variable of `variable` (empty for SGD)."""
+        return self._slots[variable_name(variable)]
+
+    def apply(
+        self, gradients: Sequence[Any], variables: Sequence[Any], learning_rate: tf.Tensor
+    ) -> None:
+        """One update of every variable; dense gradients or `tf.IndexedSlices`."""
+        learning_rate = tf.cast(learning_rate, tf.float32)
+        for gradient, variable in zip(gradients, variables, strict=True):
+            if gradient is None:
+                continue
+            resource = _resource(variable)
+            slots = self.slots(variable)
+            if isinstance(gradient, tf.IndexedSlices):
+                self._apply_sparse(resource, gradient, learning_rate, slots)
+            else:
+                self._apply_dense(resource, tf.convert_to_tensor(gradient), learning_rate, slots)
+        self.iterations.assign_add(1)
+
+    @abc.abstractmethod
+    def _apply_dense(
+        self, variable: tf.Variable, gradient: tf.Tensor, lr: tf.Tensor, slots: dict[str, Any]
+    ) -> None: ...
+
+    @abc.abstractmethod
+    def _apply_sparse(
+        self,
+        variable: tf.Variable,
+        gradient: tf.IndexedSlices,
+        lr: tf.Tensor,
+        slots: dict[str, Any],
+    ) -> None: ...
+
+    # ------------------------------------------------------------ checkpoints
+
+    def hyperparameters(self) -> dict[str, Any]:
+        return {"name": self.name}
+
+    def state(self) -> dict[str, np.ndarray]:
+        """`iterations` and every slot as "<variable>/<slot>" -> array."""
+        state = {"iterations": np.asarray(self.iterations.numpy())}
+        for name, slots in self._slots.items():
+            for slot, value in slots.items():
+                state[f"{name}/{slot}"] = value.numpy()
+        return state
+
+    def slot_state_names(self, variable: Any) -> list[str]:
+        return [f"{variable_name(variable)}/{slot}" for slot in self.slot_names]
+
+
+class Sgd(Optimizer):
+    """Plain SGD: w -= lr * g (no momentum, as the reference DLRM)."""
+
+    name = "sgd"
+
+    def _apply_dense(self, variable, gradient, lr, slots):  # type: ignore[no-untyped-def]
+        tf.raw_ops.ResourceApplyGradientDescent(var=variable.handle, alpha=lr, delta=gradient)
+
+    def _apply_sparse(self, variable, gradient, lr, slots):  # type: ignore[no-untyped-def]
+        # Scatter-sub adds up duplicate indices, which is the summed gradient's update.
+        variable.scatter_sub(tf.IndexedSlices(gradient.values * lr, gradient.indices))
+
+
+class Adagrad(Optimizer):
+    """Adagrad: accumulator += g^2; w -= lr * g / (sqrt(accumulator) + epsilon)."""
+
+    name = "adagrad"
+    slot_names = ("accumulator",)
+
+    def __init__(self, initial_accumulator_value: float = 0.1, epsilon: float = 1e-7) -> None:
+        super().__init__()
+        self.initial_accumulator_value = initial_accumulator_value
+        self.epsilon = epsilon
+
+    def _slot_initial_value(self, slot: str) -> float:
+        return self.initial_accumulator_value
+
+    def hyperparameters(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "initial_accumulator_value": self.initial_accumulator_value,
+            "epsilon": self.epsilon,
+        }
+
+    def _apply_dense(self, variable, gradient, lr, slots):  # type: ignore[no-untyped-def]
+        tf.raw_ops.ResourceApplyAdagradV2(
+            var=variable.handle,
+            accum=slots["accumulator"].handle,
+            lr=lr,
+            epsilon=self.epsilon,
+            grad=gradient,
+        )
+
+    def _apply_sparse(self, variable, gradient, lr, slots):  # type: ignore[no-untyped-def]
+        indices, values = _deduplicate(gradient)
+        tf.raw_ops.ResourceSparseApplyAdagradV2(
+            var=variable.handle,
+            accum=slots["accumulator"].handle,
+            lr=lr,
+            epsilon=self.epsilon,
+            grad=values,
+            indices=indices,
+        )
+
+
+class Adam(Optimizer):
+    """Adam; rows of sparse gradients are updated lazily (untouched rows keep
+    their moments), dense gradients as usual."""
+
+    name = "adam"
+    slot_names = ("m", "v")
+
+    def __init__(self, beta_1: float = 0.9, beta_2: float = 0.999, epsilon: float = 1e-7) -> None:
+        super().__init__()
+        self.beta_1 = beta_1
+        self.beta_2 = beta_2
+        self.epsilon = epsilon
+
+    def hyperparameters(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "beta_1": self.beta_1,
+            "beta_2": self.beta_2,
+            "epsilon": self.epsilon,
+        }
+
+    def _powers(self) -> tuple[tf.Tensor, tf.Tensor]:
+        step = tf.cast(self.iterations + 1, tf.float32)
+        return tf.pow(self.beta_1, step), tf.pow(self.beta_2, step)
+
+    def _apply_dense(self, variable, gradient, lr, slots):  # type: ignore[no-untyped-def]
+        beta_1_power, beta_2_power = self._powers()
+        tf.raw_ops.ResourceApplyAdam(
+            var=variable.handle,
+            m=slots["m"].handle,
+            v=slots["v"].handle,
+            beta1_power=beta_1_power,
+            beta2_power=beta_2_power,
+            lr=lr,
+            beta1=self.beta_1,
+            beta2=self.beta_2,
+            epsilon=self.epsilon,
+            grad=gradient,
+        )
+
+    def _apply_sparse(self, variable, gradient, lr, slots):  # type: ignore[no-untyped-def]
+        indices, values = _deduplicate(gradient)
+        beta_1_power, beta_2_power = self._powers()
+        m = self.beta_1 * tf.gather(slots["m"], indices) + (1.0 - self.beta_1) * values
+        v = self.beta_2 * tf.gather(slots["v"], indices) + (1.0 - self.beta_2) * values * values
+        step_size = lr * tf.sqrt(1.0 - beta_2_power) / (1.0 - beta_1_power)
+        # The same update as ResourceApplyAdam, restricted to the rows in `indices`.
+        update = step_size * m / (tf.sqrt(v) + self.epsilon)
+        slots["m"].scatter_update(tf.IndexedSlices(m, indices))
+        slots["v"].scatter_update(tf.IndexedSlices(v, indices))
+        variable.scatter_sub(tf.IndexedSlices(update, indices))
+
+
+def create_optimizer(name: str) -> Optimizer:
+    """`--optimizer` value -> a fresh optimizer with the default hyperparameters."""
+    if name == "sgd":
+        return Sgd()
+    if name == "adagrad":
+        return Adagrad()
+    if name == "adam":
+        return Adam()
+    raise ValueError(f"--optimizer: expected one of {', '.join(OPTIMIZERS)}, got {name!r}")
