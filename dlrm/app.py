@@ -76,7 +76,7 @@ class Session:
     log: MetricsLog
 
 
-def _build(config: RunConfig, log: MetricsLog) -> Session:
+def build_session(config: RunConfig, log: MetricsLog) -> Session:
     spec = FeatureSpec.load(config.feature_spec_path)
     model_config = model_config_for(spec, config)
     keras.utils.set_random_seed(config.seed)
@@ -327,7 +327,7 @@ def run(config: RunConfig, console: TextIO | None = None) -> dict[str, Any]:
         if config.mode == "export":
             summary = run_export(config, log)
         else:
-            session = _build(config, log)
+            session = build_session(config, log)
             if config.mode == "train":
                 summary = train(session)
             elif config.mode == "eval":

@@ -1,0 +1,248 @@
+"""`python main.py` as users run it: train, eval, inference, export, resume, errors.
+
+Every run is a real process; assertions are on its metrics log, checkpoints and
+exported model, not on its console text alone.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from dataloading.files import SplitBinaryFiles
+from dataloading.synthetic import build_teacher, generate_split_binary
+from dataloading.teacher import FeatureSampler
+from dlrm import metrics
+from dlrm.checkpoint import Checkpoint
+from dlrm.export import split_categorical
+from dlrm.model import Dlrm, ModelConfig
+from dlrm.training_state import restore_model_weights
+from feature_spec import FeatureSpec
+from tests.integration.conftest import run
+
+CARDINALITIES = (50, 200, 1000, 30, 5000, 7, 400, 90)
+NUM_NUMERICAL = 5
+SEED = 3
+MODEL_FLAGS = [
+    "--batch_size=1024",
+    "--optimizer=adam",
+    "--learning_rate=0.01",
+    "--warmup_steps=0",
+    "--decay_start_step=0",
+    "--embedding_dim=8",
+    "--bottom_mlp_dims=32,8",
+    "--top_mlp_dims=32,1",
+    "--print_freq=20",
+]
+
+
+def main_py(*flags: str, timeout: float = 300) -> tuple[int, str, str]:
+    result = run([sys.executable, "main.py", *flags], timeout=timeout)
+    return result.returncode, result.stdout, result.stderr
+
+
+def records(log: Path) -> list[dict]:
+    return [json.loads(line) for line in log.read_text().splitlines()]
+
+
+def summary(log: Path) -> dict:
+    found = [r for r in records(log) if r["event"] == "summary"]
+    assert found, log.read_text()
+    return found[-1]
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("data") / "synthetic"
+    generate_split_binary(
+        path, CARDINALITIES, NUM_NUMERICAL, rows={"train": 60_000, "test": 20_000}, seed=SEED
+    )
+    return path
+
+
+@pytest.fixture(scope="module")
+def trained(dataset: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Checkpoint directory of a 2-epoch run."""
+    out = tmp_path_factory.mktemp("run") / "checkpoints"
+    code, stdout, stderr = main_py(
+        f"--dataset_path={dataset}",
+        *MODEL_FLAGS,
+        "--epochs=2",
+        "--evals_per_epoch=2",
+        f"--save_checkpoint_path={out}",
+    )
+    assert code == 0, stderr + stdout
+    return out
+
+
+def teacher_auc(dataset: Path) -> float:
+    spec = FeatureSpec.load(dataset / "feature_spec.yaml")
+    files = SplitBinaryFiles.open(spec, "test")
+    assert files.numerical is not None
+    ids = [files.categorical[f.name].memmap().astype(np.int64) for f in spec.categorical_features]
+    sampler = FeatureSampler(NUM_NUMERICAL, CARDINALITIES, (1,) * len(CARDINALITIES), 1.1)
+    teacher = build_teacher(sampler, SEED, positive_rate=0.25)
+    logits = teacher.logits(files.numerical.memmap().astype(np.float32), ids)
+    return metrics.roc_auc(files.label.memmap(), logits)
+
+
+def test_training_learns_the_teacher(dataset: Path, trained: Path, tmp_path: Path) -> None:
+    untrained_log = tmp_path / "untrained.jsonl"
+    code, _, stderr = main_py(
+        f"--dataset_path={dataset}", *MODEL_FLAGS, "--mode=eval", f"--log_path={untrained_log}"
+    )
+    assert code == 0, stderr
+    untrained = summary(untrained_log)["auc"]
+    result = summary(trained / "metrics.jsonl")
+    best_possible = teacher_auc(dataset)
+    # Threshold from the teacher: at least 60% of its margin over chance.
+    threshold = 0.5 + 0.6 * (best_possible - 0.5)
+    assert result["auc"] > threshold, (result, best_possible)
+    assert result["auc"] > untrained + 0.1, (result["auc"], untrained)
+    assert result["auc"] <= best_possible + 0.01
+    events = [r["event"] for r in records(trained / "metrics.jsonl")]
+    assert events.count("eval") == 4 and events[0] == "start" and "train" in events
+    train_records = [r for r in records(trained / "metrics.jsonl") if r["event"] == "train"]
+    assert all(r["samples_per_second"] > 0 and np.isfinite(r["loss"]) for r in train_records)
+    assert result["steps"] == 2 * (60_000 // 1024)
+    assert list((trained / "tensorboard").glob("events.out.tfevents.*"))
+    written = json.loads((trained / "config.json").read_text())
+    assert written["optimizer"] == "adam" and written["bottom_mlp_dims"] == [32, 8]
+    # Checkpoints at every evaluation, the last three kept.
+    assert [p.name for p in sorted(trained.glob("step_*"))] == [
+        "step_000000058",
+        "step_000000087",
+        "step_000000116",
+    ]
+
+
+def test_resume_from_a_checkpoint_matches_a_straight_run(dataset: Path, tmp_path: Path) -> None:
+    common = [
+        f"--dataset_path={dataset}",
+        *MODEL_FLAGS,
+        "--optimizer=adagrad",
+        "--learning_rate=0.05",
+        "--evals_per_epoch=0",
+    ]
+    straight, halves = tmp_path / "straight", tmp_path / "halves"
+    assert main_py(*common, "--max_steps=40", f"--save_checkpoint_path={straight}")[0] == 0
+    assert main_py(*common, "--max_steps=20", f"--save_checkpoint_path={halves}")[0] == 0
+    code, _, stderr = main_py(
+        *common,
+        "--max_steps=40",
+        f"--save_checkpoint_path={halves}",
+        f"--restore_checkpoint_path={halves}",
+    )
+    assert code == 0, stderr
+    resumed = summary(halves / "metrics.jsonl")
+    assert resumed["steps"] == 40 and resumed["steps_this_run"] == 20
+    a, b = Checkpoint(straight / "step_000000040"), Checkpoint(halves / "step_000000040")
+    for name, value in a.dense().items():
+        np.testing.assert_allclose(b.dense()[name], value, rtol=1e-5, atol=1e-7)
+    for table in range(len(CARDINALITIES)):
+        rows = (0, CARDINALITIES[table])
+        for slot in (None, "accumulator"):
+            np.testing.assert_allclose(
+                b.read_table_slice(table, rows, (0, 8), slot),
+                a.read_table_slice(table, rows, (0, 8), slot),
+                rtol=1e-5,
+                atol=1e-7,
+            )
+
+
+def test_export_serves_the_same_predictions_in_a_fresh_process(
+    dataset: Path, trained: Path, tmp_path: Path
+) -> None:
+    saved_model = tmp_path / "saved_model"
+    code, _, stderr = main_py(
+        "--mode=export",
+        f"--restore_checkpoint_path={trained}",
+        f"--saved_model_output_path={saved_model}",
+    )
+    assert code == 0, stderr
+    spec = FeatureSpec.load(dataset / "feature_spec.yaml")
+    files = SplitBinaryFiles.open(spec, "test")
+    assert files.numerical is not None
+    numerical = np.asarray(files.numerical.memmap()[:500], np.float32)
+    categorical = split_categorical(
+        np.stack(
+            [files.categorical[f.name].memmap()[:500] for f in spec.categorical_features], axis=1
+        ),
+        spec.hotness,
+    )
+    inputs = tmp_path / "inputs.npz"
+    np.savez(inputs, numerical=numerical, categorical=categorical)
+    served = tmp_path / "served.npy"
+    result = run(
+        [
+            sys.executable,
+            "tests/integration/scripts/serve_saved_model.py",
+            str(saved_model),
+            str(inputs),
+            str(served),
+        ],
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    checkpoint = Checkpoint(trained)
+    model = Dlrm(ModelConfig.from_dict(checkpoint.manifest["model"]))
+    restore_model_weights(model, checkpoint)
+    expected = 1 / (1 + np.exp(-model(numerical, categorical).numpy()))
+    np.testing.assert_allclose(np.load(served), expected, rtol=1e-5, atol=1e-6)
+    assert float(np.load(served).std()) > 0.05  # a trained model, not a constant
+
+
+def test_inference_mode_reports_throughput(dataset: Path, trained: Path, tmp_path: Path) -> None:
+    log = tmp_path / "inference.jsonl"
+    code, _, stderr = main_py(
+        f"--dataset_path={dataset}",
+        *MODEL_FLAGS,
+        "--mode=inference",
+        "--max_steps=15",
+        "--benchmark_warmup_steps=3",
+        f"--restore_checkpoint_path={trained}",
+        f"--log_path={log}",
+    )
+    assert code == 0, stderr
+    result = summary(log)
+    assert result["steps"] == 15 and result["samples_per_second"] > 0
+    assert result["latency_p50_ms"] <= result["latency_p99_ms"]
+
+
+def test_corrupted_checkpoint_is_named_and_the_previous_one_offered(
+    dataset: Path, trained: Path, tmp_path: Path
+) -> None:
+    copy = tmp_path / "checkpoints"
+    shutil.copytree(trained, copy)
+    newest = sorted(copy.glob("step_*"))[-1]
+    victim = newest / "dense.npz"
+    victim.write_bytes(victim.read_bytes()[:-100])
+    code, _, stderr = main_py(
+        f"--dataset_path={dataset}",
+        *MODEL_FLAGS,
+        "--mode=eval",
+        f"--restore_checkpoint_path={copy}",
+    )
+    assert code == 1
+    assert str(victim) in stderr and "truncated" in stderr
+    assert str(sorted(copy.glob("step_*"))[-2]) in stderr
+    assert "Traceback" not in stderr
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--batch_size=0"], "--batch_size: expected > 0, got 0"),
+        (["--embedding_dim=16"], "--bottom_mlp_dims: the last width must equal --embedding_dim"),
+        (["--bottom_mlp_dims=32,x"], "--bottom_mlp_dims: expected comma-separated integers"),
+    ],
+)
+def test_bad_flags_exit_with_the_flag_named(dataset: Path, flags: list[str], message: str) -> None:
+    code, _, stderr = main_py(f"--dataset_path={dataset}", *MODEL_FLAGS, *flags, timeout=60)
+    assert code == 2
+    assert message in stderr and "Traceback" not in stderr

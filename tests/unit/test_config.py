@@ -1,0 +1,79 @@
+"""RunConfig validation and main.py's flags (including --flagfile)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from absl import flags
+
+from dlrm.app import eval_steps
+from dlrm.config import ConfigError, RunConfig, check_world_size
+
+
+def config(**overrides: object) -> RunConfig:
+    values: dict = {"dataset_path": "/data"}
+    values.update(overrides)
+    return RunConfig(**values)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"mode": "serve"}, r"--mode: expected one of train, eval, inference, export, got 'serve'"),
+        ({"batch_size": 0}, r"--batch_size: expected > 0, got 0"),
+        ({"optimizer": "lamb"}, r"--optimizer: expected one of sgd, adagrad, adam"),
+        ({"bottom_mlp_dims": (64, 32)}, r"--bottom_mlp_dims: .*--embedding_dim \(128\) .*, got 32"),
+        ({"top_mlp_dims": (64, 2)}, r"--top_mlp_dims: the last width must be 1"),
+        ({"warmup_steps": 10, "decay_start_step": 5}, r"--decay_start_step: expected >= "),
+        ({"max_steps": 0}, r"--max_steps: expected -1 \(no limit\) or >= 1, got 0"),
+        ({"dataset_path": None}, r"--dataset_path: required for --mode train"),
+        ({"mode": "export", "dataset_path": None}, r"--restore_checkpoint_path: required"),
+    ],
+)
+def test_errors_name_the_flag(overrides: dict, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        config(**overrides)
+
+
+def test_batch_must_divide_by_world_size() -> None:
+    with pytest.raises(ConfigError, match=r"--batch_size: .*\(3\); got 1000 = 333 \* 3 \+ 1"):
+        check_world_size(config(batch_size=1000), 3)
+    check_world_size(config(batch_size=1002), 3)
+
+
+def test_config_is_frozen_and_written(tmp_path: Path) -> None:
+    c = config(bottom_mlp_dims=(64, 128))
+    with pytest.raises(AttributeError):
+        c.batch_size = 5  # type: ignore[misc]
+    written = json.loads(c.write(tmp_path).read_text())
+    assert written["bottom_mlp_dims"] == [64, 128] and written["dataset_path"] == "/data"
+    assert c.metrics_log_path is None
+    assert config(save_checkpoint_path="/ck").metrics_log_path == Path("/ck/metrics.jsonl")
+
+
+def test_eval_steps_are_spread_over_each_epoch() -> None:
+    assert eval_steps(10, 2, 2) == [5, 10, 15, 20]
+    assert eval_steps(7, 1, 3) == [2, 5, 7]
+    assert eval_steps(10, 1, 0) == []
+
+
+def test_flagfile_builds_the_config(tmp_path: Path) -> None:
+    import main
+
+    flagfile = tmp_path / "run.flags"
+    flagfile.write_text(
+        "--dataset_path=/data/criteo\n--batch_size=8192\n--optimizer=adam\n"
+        "--embedding_dim=16\n--bottom_mlp_dims=64,16\n--amp\n"
+    )
+    flags.FLAGS.unparse_flags()
+    flags.FLAGS(["main.py", f"--flagfile={flagfile}", "--learning_rate=0.5"])
+    try:
+        c = main.config_from_flags()
+    finally:
+        flags.FLAGS.unparse_flags()
+    assert c.dataset_path == "/data/criteo" and c.batch_size == 8192
+    assert c.optimizer == "adam" and c.amp and not c.xla
+    assert c.bottom_mlp_dims == (64, 16) and c.embedding_dim == 16
+    assert c.learning_rate == 0.5 and c.top_mlp_dims == (1024, 1024, 512, 256, 1)

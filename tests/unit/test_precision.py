@@ -1,0 +1,40 @@
+"""--amp policy choice and the float16 dynamic loss scale (run on CPU)."""
+
+from __future__ import annotations
+
+import tensorflow as tf
+
+from dlrm.precision import DynamicLossScale, choose_precision
+
+
+def test_policy_per_device() -> None:
+    assert choose_precision(False, has_gpu=True).dtype_policy == "float32"
+    cpu = choose_precision(True, has_gpu=False)
+    assert cpu.dtype_policy == "mixed_bfloat16" and not cpu.use_loss_scale
+    gpu = choose_precision(True, has_gpu=True)
+    assert gpu.dtype_policy == "mixed_float16" and gpu.use_loss_scale
+    assert gpu.compute_dtype == tf.float16
+
+
+def test_loss_scale_halves_on_overflow_and_grows_after_interval() -> None:
+    scale = DynamicLossScale(initial_scale=1024.0, growth_interval=3)
+    scale.update(tf.constant(False))
+    assert float(scale.scale.numpy()) == 512.0
+    for _ in range(2):
+        scale.update(tf.constant(True))
+    assert float(scale.scale.numpy()) == 512.0
+    scale.update(tf.constant(True))
+    assert float(scale.scale.numpy()) == 1024.0
+    assert int(scale.good_steps.numpy()) == 0
+
+
+def test_loss_scale_never_below_minimum_inside_tf_function() -> None:
+    scale = DynamicLossScale(initial_scale=2.0, minimum=1.0)
+
+    @tf.function
+    def overflow() -> None:
+        scale.update(tf.constant(False))
+
+    for _ in range(3):
+        overflow()
+    assert float(scale.scale.numpy()) == 1.0
