@@ -34,6 +34,7 @@ demo: install
 
 bench: install
 	@$(PY) benchmarks/loader.py
+	@$(PY) benchmarks/train.py
 
 clean:
 	rm -rf $(VENV) .cache .pytest_cache .mypy_cache .ruff_cache

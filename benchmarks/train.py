@@ -1,0 +1,164 @@
+"""Training throughput of the default DLRM on this machine, per precision/XLA setting.
+
+    python benchmarks/train.py [--batch_size 8192] [--steps 12] [--warmup 3]
+        [--variants fp32,amp,xla,amp+xla] [--output results.json]
+
+Generates a synthetic Criteo-shaped dataset (13 numerical, 26 tables) in a
+temporary directory, builds the default model (bottom 512-256-128, embedding
+dim 128, top 1024-1024-512-256-1, SGD) exactly as `main.py` does, and times
+`--steps` training steps after `--warmup` untimed ones (tracing, XLA
+compilation). Prints samples/s and the achieved GFLOP/s of the dense part
+next to the machine's matmul GFLOP/s, measured in the same run, so the figures
+say how far from the hardware's peak a step runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import numpy as np
+import tensorflow as tf
+
+from dataloading.split_binary import ShardSpec, SplitBinaryDataset
+from dataloading.synthetic import generate_split_binary
+from dlrm.app import build_session
+from dlrm.config import RunConfig
+from dlrm.model import ModelConfig
+from dlrm.reporting import MetricsLog
+from feature_spec import FeatureSpec
+
+VARIANTS = {
+    "fp32": (False, False),
+    "amp": (True, False),
+    "xla": (False, True),
+    "amp+xla": (True, True),
+}
+
+
+def dense_training_flops(config: ModelConfig) -> float:
+    """Floating-point operations per sample of one training step's dense part.
+
+    Each dense layer costs 2 * fan_in * fan_out multiply-adds forward and twice
+    that backward (gradients of inputs and of weights); the interaction's Gram
+    matrix costs 2 * (T + 1)^2 * D forward, likewise tripled. Lookups, activations
+    and the optimizer are memory-bound and not counted.
+    """
+    forward = 0.0
+    width = config.num_numerical
+    for out in config.bottom_mlp_dims:
+        forward += 2 * width * out
+        width = out
+    vectors = len(config.cardinalities) + 1
+    forward += 2 * vectors * vectors * config.embedding_dim
+    width = config.embedding_dim + vectors * (vectors - 1) // 2
+    for out in config.top_mlp_dims:
+        forward += 2 * width * out
+        width = out
+    return 3 * forward
+
+
+def matmul_gflops(dtype: tf.DType, size: int = 2048, repeats: int = 6) -> float:
+    """Best GFLOP/s of a [size, size] x [size, size] matmul in `dtype`."""
+    a = tf.random.uniform([size, size], dtype=tf.float32)
+    a = tf.cast(a, dtype)
+    b = tf.cast(tf.random.uniform([size, size], dtype=tf.float32), dtype)
+    tf.matmul(a, b).numpy()
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        tf.matmul(a, b).numpy()
+        best = min(best, time.perf_counter() - start)
+    return 2 * size**3 / best / 1e9
+
+
+def time_variant(
+    dataset: Path, batch_size: int, amp: bool, xla: bool, steps: int, warmup: int
+) -> tuple[float, float]:
+    """(samples/s, final loss) of `steps` timed steps of the default model."""
+    config = RunConfig(dataset_path=str(dataset), batch_size=batch_size, amp=amp, xla=xla)
+    session = build_session(config, MetricsLog(None, None, console=io.StringIO()))
+    assert session.trainer is not None and session.spec is not None
+    data = SplitBinaryDataset(session.spec, "train", ShardSpec(batch_size))
+    batches = list(data.to_tf_dataset().take(steps + warmup))
+    for batch in batches[:warmup]:
+        session.trainer.train_step(batch).numpy()
+    start = time.perf_counter()
+    loss = None
+    for batch in batches[warmup:]:
+        loss = session.trainer.train_step(batch)
+    final = float(loss.numpy()) if loss is not None else float("nan")
+    elapsed = time.perf_counter() - start
+    return steps * batch_size / elapsed, final
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--batch_size", type=int, default=8192)
+    parser.add_argument("--steps", type=int, default=12)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--variants", default=",".join(VARIANTS))
+    parser.add_argument("--output", type=Path, help="also write the results as JSON")
+    args = parser.parse_args()
+    variants = args.variants.split(",")
+    unknown = [v for v in variants if v not in VARIANTS]
+    if unknown:
+        parser.error(f"--variants: unknown {unknown}; expected some of {list(VARIANTS)}")
+
+    float32_peak = matmul_gflops(tf.float32)
+    bfloat16_peak = matmul_gflops(tf.bfloat16)
+    print(
+        f"matmul 2048^3 on this machine: float32 {float32_peak:.1f} GFLOP/s, "
+        f"bfloat16 {bfloat16_peak:.1f} GFLOP/s ({os.cpu_count()} CPUs)"
+    )
+    results = {
+        "batch_size": args.batch_size,
+        "matmul_gflops_float32": float32_peak,
+        "matmul_gflops_bfloat16": bfloat16_peak,
+        "variants": {},
+    }
+    with tempfile.TemporaryDirectory() as directory:
+        dataset = Path(directory) / "data"
+        rows = args.batch_size * (args.steps + args.warmup)
+        generate_split_binary(dataset, num_numerical=13, rows={"train": rows, "test": 1}, seed=0)
+        spec = FeatureSpec.load(dataset / "feature_spec.yaml")
+        model = ModelConfig(13, spec.cardinalities, spec.hotness)
+        flops = dense_training_flops(model)
+        print(
+            f"default model, {len(spec.cardinalities)} tables, batch {args.batch_size}: "
+            f"{flops / 1e6:.2f} MFLOP per sample per training step (dense part)"
+        )
+        print(f"{'variant':<8} {'samples/s':>11} {'GFLOP/s':>8} {'of matmul':>9} {'loss':>8}")
+        for name in variants:
+            amp, xla = VARIANTS[name]
+            samples_per_second, loss = time_variant(
+                dataset, args.batch_size, amp, xla, args.steps, args.warmup
+            )
+            achieved = samples_per_second * flops / 1e9
+            peak = bfloat16_peak if amp else float32_peak
+            print(
+                f"{name:<8} {samples_per_second:>11,.0f} {achieved:>8.1f} "
+                f"{achieved / peak:>8.0%} {loss:>8.4f}",
+                flush=True,
+            )
+            results["variants"][name] = {
+                "samples_per_second": samples_per_second,
+                "gflops": achieved,
+                "loss": loss,
+            }
+    if args.output:
+        args.output.write_text(json.dumps(results, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
