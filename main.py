@@ -9,6 +9,7 @@ the flags, builds and validates one `RunConfig`, and calls `dlrm.app.run`.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 
@@ -89,38 +90,13 @@ def _widths(flag: str, values: list[str]) -> tuple[int, ...]:
 
 
 def config_from_flags() -> RunConfig:
-    """The frozen, validated config (raises ConfigError/ValueError naming the flag)."""
-    return RunConfig(
-        mode=FLAGS.mode,
-        dataset_path=FLAGS.dataset_path,
-        feature_spec=FLAGS.feature_spec,
-        batch_size=FLAGS.batch_size,
-        valid_batch_size=FLAGS.valid_batch_size,
-        optimizer=FLAGS.optimizer,
-        learning_rate=FLAGS.learning_rate,
-        warmup_steps=FLAGS.warmup_steps,
-        decay_start_step=FLAGS.decay_start_step,
-        decay_steps=FLAGS.decay_steps,
-        decay_power=FLAGS.decay_power,
-        decay_end_lr=FLAGS.decay_end_lr,
-        epochs=FLAGS.epochs,
-        max_steps=FLAGS.max_steps,
-        seed=FLAGS.seed,
-        embedding_dim=FLAGS.embedding_dim,
-        bottom_mlp_dims=_widths("bottom_mlp_dims", FLAGS.bottom_mlp_dims),
-        top_mlp_dims=_widths("top_mlp_dims", FLAGS.top_mlp_dims),
-        amp=FLAGS.amp,
-        xla=FLAGS.xla,
-        evals_per_epoch=FLAGS.evals_per_epoch,
-        print_freq=FLAGS.print_freq,
-        log_path=FLAGS.log_path,
-        tensorboard_dir=FLAGS.tensorboard_dir,
-        save_checkpoint_path=FLAGS.save_checkpoint_path,
-        restore_checkpoint_path=FLAGS.restore_checkpoint_path,
-        keep_checkpoints=FLAGS.keep_checkpoints,
-        saved_model_output_path=FLAGS.saved_model_output_path,
-        benchmark_warmup_steps=FLAGS.benchmark_warmup_steps,
-    )
+    """The frozen, validated config (raises ConfigError/ValueError naming the flag).
+
+    Every RunConfig field is the flag of the same name; MLP widths are parsed."""
+    values = {field.name: getattr(FLAGS, field.name) for field in dataclasses.fields(RunConfig)}
+    for flag in ("bottom_mlp_dims", "top_mlp_dims"):
+        values[flag] = _widths(flag, values[flag])
+    return RunConfig(**values)
 
 
 def main(argv: list[str]) -> int:
