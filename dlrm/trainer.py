@@ -29,11 +29,10 @@ from typing import Any
 import tensorflow as tf
 
 from dataloading.split_binary import Batch
+from dlrm.dist import Collectives
 from dlrm.model import Dlrm
 from dlrm.optimizers import Optimizer
 from dlrm.precision import DynamicLossScale, Precision
-
-GradientReducer = Callable[[Sequence[tf.Tensor]], Sequence[tf.Tensor]]
 
 
 class NonFiniteLossError(RuntimeError):
@@ -75,8 +74,9 @@ class Trainer:
         precision: the dtype policy the model was built with.
         global_batch_size: the loss divides by it (the same on every rank).
         use_xla: compile the dense part with XLA.
-        reduce_dense_gradients: applied to the dense gradients before the update
-            (an allreduce-sum across ranks when data-parallel); identity here.
+        collectives: the ranks. Dense gradients and those of replicated
+            (data-parallel) tables are allreduce-summed; model-parallel shards'
+            gradients already are the global loss's. One process by default.
     """
 
     def __init__(
@@ -87,7 +87,7 @@ class Trainer:
         precision: Precision,
         global_batch_size: int,
         use_xla: bool = False,
-        reduce_dense_gradients: GradientReducer | None = None,
+        collectives: Collectives | None = None,
     ) -> None:
         self.model = model
         self.optimizer = optimizer
@@ -95,10 +95,12 @@ class Trainer:
         self.precision = precision
         self.global_batch_size = global_batch_size
         self.use_xla = use_xla
-        self.reduce_dense_gradients = reduce_dense_gradients
+        self.collectives = collectives or Collectives()
         model.build_all()
         self.dense_variables = list(model.dense_variables)
         self.embedding_variables = list(model.embeddings.trainable_variables)
+        replicated = {id(v) for v in model.embeddings.replicated_variables}
+        self._replicated = [id(v) in replicated for v in self.embedding_variables]
         optimizer.build(self.dense_variables + self.embedding_variables)
         # Batches consumed: drives the schedule and the data position on resume.
         self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
@@ -144,13 +146,20 @@ class Trainer:
         embedding_gradients = tape.gradient(
             vectors, self.embedding_variables, output_gradients=vector_gradients
         )
-        if self.reduce_dense_gradients is not None:
-            dense_gradients = list(self.reduce_dense_gradients(dense_gradients))
+        if self.collectives.world_size > 1:
+            dense_gradients, embedding_gradients = self._allreduce(
+                dense_gradients, embedding_gradients
+            )
         gradients = [*dense_gradients, *embedding_gradients]
         if self.loss_scale is not None:
             gradients = [_scale(g, 1.0 / scale) for g in gradients]
         gradients_finite = tf.reduce_all(tf.stack([_is_finite(g) for g in gradients]))
         loss_finite = tf.math.is_finite(loss)
+        if self.collectives.world_size > 1:  # every rank takes the same decision
+            gradients_finite = tf.logical_not(
+                self.collectives.any_true(tf.logical_not(gradients_finite))
+            )
+            loss_finite = tf.logical_not(self.collectives.any_true(tf.logical_not(loss_finite)))
         apply = tf.logical_and(gradients_finite, loss_finite)
         variables = [*self.dense_variables, *self.embedding_variables]
 
@@ -169,6 +178,19 @@ class Trainer:
         self.first_non_finite_loss.assign(tf.where(record, loss, self.first_non_finite_loss))
         self.step.assign_add(1)
         return loss
+
+    def _allreduce(
+        self, dense: Sequence[Any], embedding: Sequence[Any]
+    ) -> tuple[list[Any], list[Any]]:
+        """Sums the data-parallel gradients over ranks; model-parallel ones pass."""
+        replicated = [g for g, r in zip(embedding, self._replicated, strict=True) if r]
+        reduced = self.collectives.allreduce_sum([*dense, *replicated])
+        dense_out = reduced[: len(dense)]
+        rest = iter(reduced[len(dense) :])
+        embedding_out = [
+            next(rest) if r else g for g, r in zip(embedding, self._replicated, strict=True)
+        ]
+        return dense_out, embedding_out
 
     def train_step(self, batch: Batch) -> tf.Tensor:
         """One optimizer step on one global batch; returns the (unscaled) loss."""

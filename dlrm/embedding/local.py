@@ -14,13 +14,15 @@ from dlrm.embedding.initializer import initial_table_values
 
 class TableShardVariable(NamedTuple):
     """Rows [r0, r1) x columns [c0, c1) of table `table` (whole shape `shape`),
-    held in `variable` [r1 - r0, c1 - c0]."""
+    held in `variable` [r1 - r0, c1 - c0]. `replicated`: every rank holds the same
+    copy (a data-parallel table); one rank writes it to checkpoints."""
 
     table: int
     shape: tuple[int, int]
     rows: tuple[int, int]
     columns: tuple[int, int]
     variable: Any
+    replicated: bool = False
 
 
 class LocalEmbeddings(keras.layers.Layer):
@@ -61,6 +63,11 @@ class LocalEmbeddings(keras.layers.Layer):
             return initial_table_values(index, rows, dim, seed)
 
         return initialize
+
+    @property
+    def replicated_variables(self) -> list[Any]:
+        """Variables whose gradients are allreduced across ranks: none here."""
+        return []
 
     def call(self, ids: Any) -> tf.Tensor:
         if isinstance(ids, (tuple, list)):

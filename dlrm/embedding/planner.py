@@ -1,0 +1,356 @@
+"""The embedding sharding planner: table sizes in, a `ShardingPlan` out.
+
+Pure computation (standard library only): `plan_sharding(tables, config)` decides
+for every table a kind and its shards, and returns a frozen, JSON-serialisable
+`ShardingPlan` that the hybrid-parallel embedding layer, the input pipeline and
+the checkpoints read. Kinds:
+
+- `data_parallel`: replicated; one shard per rank, each the whole table.
+- `table_wise`: one shard, the whole table, on one rank.
+- `column_wise`: column slices over full rows, on distinct ranks.
+- `row_wise`: row ranges over full columns, on distinct ranks.
+
+Cost model, per shard of `r` rows and `c` columns: memory is
+`r * c * dtype_bytes * (1 + optimizer_slots)`; lookup traffic is
+`hotness * c * dtype_bytes` per sample of the global batch (a row shard sends
+`c` columns per sample too: it takes part in the reduction). Strategies place
+the shards of model-parallel tables: `cost` (greedy on the larger of the memory
+and lookup shares), `memory_balanced` (greedy on memory) and `basic` (round
+robin, the baseline). See docs/sharding.md for the thresholds and their defaults.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+DATA_PARALLEL = "data_parallel"
+TABLE_WISE = "table_wise"
+COLUMN_WISE = "column_wise"
+ROW_WISE = "row_wise"
+KINDS = (DATA_PARALLEL, TABLE_WISE, COLUMN_WISE, ROW_WISE)
+STRATEGIES = ("cost", "memory_balanced", "basic")
+
+# Defaults, in elements (rows x dim); docs/sharding.md explains them for Criteo.
+# Up to 8192 x 128 (4 MiB in float32): cheaper to replicate and allreduce than to
+# send every sample's vector through the alltoall.
+DEFAULT_DATA_PARALLEL_THRESHOLD = 8192 * 128
+# Above 2^30 (4 GiB in float32; Criteo's five largest tables): sliced by columns,
+# which spreads memory and lookups without adding traffic.
+DEFAULT_COLUMN_SLICE_THRESHOLD = 2**30
+# Above 2^33 (32 GiB in float32, larger than any Criteo table): split by rows.
+# Smaller tables go row-wise only when they do not fit a rank's budget otherwise.
+DEFAULT_ROW_SLICE_THRESHOLD = 2**33
+
+Range = tuple[int, int]
+
+
+class PlanError(ValueError):
+    """A table or the model does not fit, or a plan is invalid for this run."""
+
+
+def format_bytes(count: float) -> str:
+    """`1536` -> `'1.5 KiB'` (binary units)."""
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(count) < 1024:
+            return f"{count:.0f} B" if unit == "B" else f"{count:.1f} {unit}"
+        count /= 1024
+    return f"{count:.1f} TiB"
+
+
+@dataclasses.dataclass(frozen=True)
+class TableSpec:
+    """One embedding table as the planner sees it: `rows` x `dim` elements of
+    `dtype_bytes` bytes, `hotness` ids per sample (pooled)."""
+
+    rows: int
+    dim: int
+    hotness: int = 1
+    dtype_bytes: int = 4
+
+    def __post_init__(self) -> None:
+        for name in ("rows", "dim", "hotness", "dtype_bytes"):
+            if getattr(self, name) < 1:
+                raise PlanError(f"table {name}: expected >= 1, got {getattr(self, name)}")
+
+    @property
+    def elements(self) -> int:
+        return self.rows * self.dim
+
+    def memory_bytes(self, optimizer_slots: int = 0) -> int:
+        """Bytes of the whole table with its optimizer slots."""
+        return self.elements * self.dtype_bytes * (1 + optimizer_slots)
+
+
+@dataclasses.dataclass(frozen=True)
+class Shard:
+    """Rows [r0, r1) x columns [c0, c1) of a table, held by `rank`."""
+
+    rank: int
+    rows: Range
+    columns: Range
+
+    def __post_init__(self) -> None:
+        (r0, r1), (c0, c1) = self.rows, self.columns
+        if self.rank < 0 or not (0 <= r0 < r1 and 0 <= c0 < c1):
+            raise PlanError(f"invalid shard: rank {self.rank}, rows {self.rows}, columns {self.columns}")
+
+    def memory_bytes(self, spec: TableSpec, optimizer_slots: int = 0) -> int:
+        rows, columns = self.rows[1] - self.rows[0], self.columns[1] - self.columns[0]
+        return rows * columns * spec.dtype_bytes * (1 + optimizer_slots)
+
+    def lookup_bytes(self, spec: TableSpec) -> int:
+        """Bytes this shard looks up and sends per sample of the global batch."""
+        return spec.hotness * (self.columns[1] - self.columns[0]) * spec.dtype_bytes
+
+
+def _tiles(ranges: Sequence[Range], size: int) -> bool:
+    """Whether non-empty `ranges` cover [0, size) exactly, without overlap."""
+    position = 0
+    for start, stop in sorted(ranges):
+        if start != position:
+            return False
+        position = stop
+    return position == size
+
+
+@dataclasses.dataclass(frozen=True)
+class TablePlan:
+    """Table `table` (shape and costs in `spec`): its kind and shards.
+
+    A `data_parallel` table has one whole-table shard per rank; `table_wise` one
+    whole-table shard; `column_wise` and `row_wise` at least two shards on
+    distinct ranks whose column (row) ranges tile the table.
+    """
+
+    table: int
+    kind: str
+    spec: TableSpec
+    shards: tuple[Shard, ...]
+
+    def __post_init__(self) -> None:
+        where = f"table {self.table} ({self.kind})"
+        if self.kind not in KINDS:
+            raise PlanError(f"table {self.table}: kind {self.kind!r} is not one of {KINDS}")
+        rows, dim = self.spec.rows, self.spec.dim
+        for shard in self.shards:
+            if shard.rows[1] > rows or shard.columns[1] > dim:
+                raise PlanError(
+                    f"{where}: shard rows {shard.rows} columns {shard.columns} is outside "
+                    f"the table's shape [{rows}, {dim}]"
+                )
+        ranks = [shard.rank for shard in self.shards]
+        if len(set(ranks)) != len(ranks):
+            raise PlanError(f"{where}: two shards on one rank (ranks {ranks})")
+        full_rows = all(shard.rows == (0, rows) for shard in self.shards)
+        full_columns = all(shard.columns == (0, dim) for shard in self.shards)
+        if self.kind in (DATA_PARALLEL, TABLE_WISE):
+            valid = full_rows and full_columns and bool(self.shards)
+            valid = valid and (self.kind == DATA_PARALLEL or len(self.shards) == 1)
+        elif self.kind == COLUMN_WISE:
+            columns = [shard.columns for shard in self.shards]
+            valid = full_rows and len(self.shards) >= 2 and _tiles(columns, dim)
+        else:
+            row_ranges = [shard.rows for shard in self.shards]
+            valid = full_columns and len(self.shards) >= 2 and _tiles(row_ranges, rows)
+        if not valid:
+            layout = [(s.rank, s.rows, s.columns) for s in self.shards]
+            raise PlanError(
+                f"{where}: shards (rank, rows, columns) {layout} do not cover "
+                f"[0, {rows}) x [0, {dim}) as a {self.kind} table must"
+            )
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardingPlan:
+    """Where every embedding table lives on `world_size` ranks.
+
+    Validated on construction: tables 0..T-1 each exactly once, in order, every
+    shard on a rank in [0, world_size), data-parallel tables on every rank.
+    Memory summaries count `optimizer_slots` slots per element.
+    """
+
+    world_size: int
+    strategy: str
+    tables: tuple[TablePlan, ...]
+    optimizer_slots: int = 0
+
+    def __post_init__(self) -> None:
+        if self.world_size < 1 or self.optimizer_slots < 0:
+            raise PlanError(
+                f"world size {self.world_size} (expected >= 1), optimizer slots "
+                f"{self.optimizer_slots} (expected >= 0)"
+            )
+        if self.strategy not in STRATEGIES:
+            raise PlanError(f"strategy {self.strategy!r} is not one of {STRATEGIES}")
+        for position, table in enumerate(self.tables):
+            if table.table != position:
+                raise PlanError(f"plan entry {position} is for table {table.table}")
+            ranks = sorted(shard.rank for shard in table.shards)
+            if ranks and ranks[-1] >= self.world_size:
+                raise PlanError(
+                    f"table {table.table}: rank {ranks[-1]} is outside a world of "
+                    f"{self.world_size} ranks"
+                )
+            if table.kind == DATA_PARALLEL and ranks != list(range(self.world_size)):
+                raise PlanError(
+                    f"table {table.table} (data_parallel): on ranks {ranks}, expected "
+                    f"all {self.world_size} ranks"
+                )
+
+    def validate(self, tables: Sequence[TableSpec], world_size: int) -> None:
+        """Raises PlanError unless this plan fits a run of `world_size` ranks over
+        `tables` (same count and shapes; hotness and dtype only change costs)."""
+        if world_size != self.world_size:
+            raise PlanError(
+                f"the sharding plan is for {self.world_size} ranks, this run has {world_size}"
+            )
+        if len(tables) != len(self.tables):
+            raise PlanError(f"the sharding plan has {len(self.tables)} tables, the model {len(tables)}")
+        for entry, spec in zip(self.tables, tables, strict=True):
+            if (entry.spec.rows, entry.spec.dim) != (spec.rows, spec.dim):
+                raise PlanError(
+                    f"table {entry.table}: the sharding plan has shape [{entry.spec.rows}, "
+                    f"{entry.spec.dim}], the model [{spec.rows}, {spec.dim}]"
+                )
+
+    # ------------------------------------------------------------------ views
+
+    def local_shards(self, rank: int) -> list[tuple[int, Shard]]:
+        """(table, shard) for every shard `rank` holds, data-parallel copies included."""
+        return [(t.table, s) for t in self.tables for s in t.shards if s.rank == rank]
+
+    def tables_on(self, rank: int) -> list[int]:
+        """Model-parallel tables with a shard on `rank`: under model-parallel input
+        the rank reads their ids for the global batch. (Data-parallel tables, see
+        `data_parallel_tables`, need ids of the local rows on every rank.)"""
+        return [
+            t.table
+            for t in self.tables
+            if t.kind != DATA_PARALLEL and any(s.rank == rank for s in t.shards)
+        ]
+
+    def data_parallel_tables(self) -> list[int]:
+        return [t.table for t in self.tables if t.kind == DATA_PARALLEL]
+
+    def memory_per_rank(self) -> list[int]:
+        """Bytes of embedding values and optimizer slots on each rank."""
+        memory = [0] * self.world_size
+        for table in self.tables:
+            for shard in table.shards:
+                memory[shard.rank] += shard.memory_bytes(table.spec, self.optimizer_slots)
+        return memory
+
+    def lookup_bytes_per_rank(self) -> list[int]:
+        """Model-parallel lookup bytes each rank sends per global-batch sample.
+        Data-parallel lookups are local and the same on every rank: not counted."""
+        lookup = [0] * self.world_size
+        for table in self.tables:
+            if table.kind != DATA_PARALLEL:
+                for shard in table.shards:
+                    lookup[shard.rank] += shard.lookup_bytes(table.spec)
+        return lookup
+
+    # ---------------------------------------------------------- serialisation
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "world_size": self.world_size,
+            "strategy": self.strategy,
+            "optimizer_slots": self.optimizer_slots,
+            "tables": [
+                {
+                    "table": t.table,
+                    "kind": t.kind,
+                    "spec": dataclasses.asdict(t.spec),
+                    "shards": [
+                        {"rank": s.rank, "rows": list(s.rows), "columns": list(s.columns)}
+                        for s in t.shards
+                    ],
+                }
+                for t in self.tables
+            ],
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ShardingPlan:
+        """The inverse of `to_dict`; PlanError if `data` is not a valid plan."""
+        try:
+            tables = tuple(
+                TablePlan(
+                    int(t["table"]),
+                    str(t["kind"]),
+                    TableSpec(**t["spec"]),
+                    tuple(
+                        Shard(int(s["rank"]), _pair(s["rows"]), _pair(s["columns"]))
+                        for s in t["shards"]
+                    ),
+                )
+                for t in data["tables"]
+            )
+            return cls(
+                int(data["world_size"]),
+                str(data["strategy"]),
+                tables,
+                int(data.get("optimizer_slots", 0)),
+            )
+        except PlanError:
+            raise
+        except (KeyError, TypeError, ValueError) as error:
+            raise PlanError(f"not a sharding plan: {error!r}") from error
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=1)
+
+    @classmethod
+    def from_json(cls, text: str) -> ShardingPlan:
+        return cls.from_dict(json.loads(text))
+
+    def format_table(self) -> str:
+        """The plan as text: one line per table, then one per rank, then balance."""
+        slots = self.optimizer_slots
+        lines = [
+            f"Sharding plan ({self.strategy}): {len(self.tables)} tables on "
+            f"{self.world_size} ranks, {slots} optimizer slot(s) per element",
+            f"{'table':>5}  {'rows':>13}  {'dim':>4}  {'kind':<13}  {'bytes':>10}  placement",
+        ]
+        for t in self.tables:
+            if t.kind == DATA_PARALLEL:
+                placement = f"every rank ({self.world_size})"
+            elif t.kind == TABLE_WISE:
+                placement = f"rank {t.shards[0].rank}"
+            else:
+                ordered = sorted(t.shards, key=lambda s: (s.rows, s.columns))
+                slices = [
+                    f"{s.rows[0]}:{s.rows[1]}, :" if t.kind == ROW_WISE else f":, {s.columns[0]}:{s.columns[1]}"
+                    for s in ordered
+                ]
+                placement = " ".join(f"r{s.rank}[{part}]" for s, part in zip(ordered, slices, strict=True))
+            size = format_bytes(t.spec.memory_bytes(slots))
+            lines.append(
+                f"{t.table:>5}  {t.spec.rows:>13,}  {t.spec.dim:>4}  {t.kind:<13}  {size:>10}  {placement}"
+            )
+        memory, lookup = self.memory_per_rank(), self.lookup_bytes_per_rank()
+        lines.append(f"{'rank':>5}  {'memory':>10}  {'lookup/sample':>13}  tables")
+        for rank in range(self.world_size):
+            tables = ",".join(str(t) for t in self.tables_on(rank)) or "-"
+            lines.append(
+                f"{rank:>5}  {format_bytes(memory[rank]):>10}  "
+                f"{format_bytes(lookup[rank]):>13}  {tables}"
+            )
+        lines.append(f"max/mean: memory {_imbalance(memory):.3f}, lookup {_imbalance(lookup):.3f}")
+        return "\n".join(lines)
+
+
+def _pair(value: Sequence[Any]) -> Range:
+    start, stop = value
+    return int(start), int(stop)
+
+
+def _imbalance(values: Sequence[int]) -> float:
+    """max / mean, 1.0 when perfectly balanced (or all zero)."""
+    total = sum(values)
+    return max(values) * len(values) / total if total else 1.0
