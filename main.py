@@ -15,7 +15,7 @@ import sys
 
 from absl import app, flags
 
-from dlrm.config import MODES, OPTIMIZERS, RunConfig
+from dlrm.config import INPUT_MODES, MODES, OPTIMIZERS, SHARDING_STRATEGIES, RunConfig
 
 _D = RunConfig.default
 
@@ -52,6 +52,39 @@ flags.DEFINE_list(
 )
 flags.DEFINE_list(
     "top_mlp_dims", [str(d) for d in _D("top_mlp_dims")], "Top MLP widths; the last is 1."
+)
+flags.DEFINE_enum(
+    "sharding_strategy",
+    _D("sharding_strategy"),
+    list(SHARDING_STRATEGIES),
+    "Embedding placement under horovodrun: cost-driven greedy, memory only, or round-robin.",
+)
+flags.DEFINE_integer(
+    "data_parallel_threshold",
+    _D("data_parallel_threshold"),
+    "Tables of at most this many elements (rows x dim) are replicated on every rank.",
+)
+flags.DEFINE_integer(
+    "column_slice_threshold",
+    _D("column_slice_threshold"),
+    "Larger tables are sliced by columns across ranks.",
+)
+flags.DEFINE_integer(
+    "row_slice_threshold",
+    _D("row_slice_threshold"),
+    "Larger tables are split by rows across ranks.",
+)
+flags.DEFINE_float(
+    "embedding_memory_budget_gib",
+    _D("embedding_memory_budget_gib"),
+    "Embedding memory (values + optimizer slots) per rank, GiB; 0: no limit.",
+)
+flags.DEFINE_enum(
+    "input_mode",
+    _D("input_mode"),
+    list(INPUT_MODES),
+    "model_parallel: a rank reads its tables' ids for the global batch; data_parallel: all "
+    "ids of its local rows, exchanged by alltoall.",
 )
 flags.DEFINE_bool("amp", False, "Mixed precision: bfloat16 on CPU, float16 + loss scaling on GPU.")
 flags.DEFINE_bool("xla", False, "Compile the dense part (MLPs, interaction) with XLA.")

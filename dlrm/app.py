@@ -15,10 +15,13 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from dataloading.split_binary import LastBatch, ShardSpec, SplitBinaryDataset
+from dataloading.split_binary import InputMode, LastBatch, ShardSpec, SplitBinaryDataset
 from dlrm import metrics
 from dlrm.checkpoint import Checkpoint, CheckpointError
 from dlrm.config import RunConfig, check_world_size
+from dlrm.dist import Collectives, create_collectives
+from dlrm.embedding.planner import PlannerConfig, ShardingPlan, TableSpec, plan_sharding
+from dlrm.embedding.sharded import ShardedEmbeddings, assignments_from_plan
 from dlrm.export import export_saved_model
 from dlrm.model import Dlrm, ModelConfig
 from dlrm.optimizers import create_optimizer
@@ -74,14 +77,71 @@ class Session:
     model: Dlrm
     trainer: Trainer | None
     log: MetricsLog
+    collectives: Collectives
+    plan: ShardingPlan | None
+
+    def shard(self, global_batch_size: int) -> ShardSpec:
+        """What this rank reads of each global batch."""
+        world = self.collectives.world_size
+        if world == 1:
+            return ShardSpec(global_batch_size)
+        input_mode = InputMode(self.config.input_mode)
+        tables = None
+        if input_mode == InputMode.MODEL_PARALLEL:
+            tables = self.model.embeddings.input_tables
+        return ShardSpec(global_batch_size, self.collectives.rank, world, tables, input_mode)
 
 
-def build_session(config: RunConfig, log: MetricsLog) -> Session:
+def plan_for(
+    config: RunConfig, model_config: ModelConfig, spec: FeatureSpec, world_size: int
+) -> ShardingPlan:
+    """The sharding plan of this run's tables over `world_size` ranks."""
+    tables = [
+        TableSpec(rows=rows, dim=config.embedding_dim, hotness=hotness)
+        for rows, hotness in zip(model_config.cardinalities, model_config.hotness, strict=True)
+    ]
+    slots = {"sgd": 0, "adagrad": 1, "adam": 2}[config.optimizer]
+    budget = config.embedding_memory_budget_gib
+    return plan_sharding(
+        tables,
+        PlannerConfig(
+            world_size=world_size,
+            memory_budget_bytes=int(budget * 2**30) if budget > 0 else None,
+            data_parallel_threshold=config.data_parallel_threshold,
+            column_slice_threshold=config.column_slice_threshold,
+            row_slice_threshold=config.row_slice_threshold,
+            strategy=config.sharding_strategy,
+            optimizer_slots=slots if config.mode == "train" else 0,
+        ),
+    )
+
+
+def build_session(
+    config: RunConfig, log: MetricsLog, collectives: Collectives | None = None
+) -> Session:
+    """Dataset spec, model (sharded when there are several ranks) and trainer."""
+    collectives = collectives or Collectives()
     spec = FeatureSpec.load(config.feature_spec_path)
     model_config = model_config_for(spec, config)
     keras.utils.set_random_seed(config.seed)
     precision = choose_precision(config.amp, has_gpu())
-    model = Dlrm(model_config, dtype_policy=precision.dtype_policy, seed=config.seed)
+    plan = None
+    embeddings = None
+    if collectives.world_size > 1:
+        plan = plan_for(config, model_config, spec, collectives.world_size)
+        log.print(plan.format_table())
+        embeddings = ShardedEmbeddings(
+            assignments_from_plan(plan),
+            model_config.cardinalities,
+            model_config.hotness,
+            model_config.embedding_dim,
+            collectives,
+            seed=config.seed,
+            data_parallel_input=config.input_mode == "data_parallel",
+        )
+    model = Dlrm(
+        model_config, embeddings=embeddings, dtype_policy=precision.dtype_policy, seed=config.seed
+    )
     trainer = Trainer(
         model,
         # Only training needs optimizer slots (up to 2x the tables' memory).
@@ -90,8 +150,11 @@ def build_session(config: RunConfig, log: MetricsLog) -> Session:
         precision,
         global_batch_size=config.batch_size,
         use_xla=config.xla,
+        collectives=collectives,
     )
-    return Session(config, spec, model_config, precision, model, trainer, log)
+    # Every rank starts from rank 0's dense weights (tables are initialised as slices).
+    collectives.broadcast_variables(trainer.dense_variables)
+    return Session(config, spec, model_config, precision, model, trainer, log, collectives, plan)
 
 
 def _open_checkpoint(path: str, model_config: ModelConfig) -> Checkpoint:
@@ -109,17 +172,20 @@ def evaluate(session: Session) -> metrics.EvaluationResult:
     test = SplitBinaryDataset(
         session.spec,
         TEST_MAPPING,
-        ShardSpec(session.config.eval_batch_size),
+        session.shard(session.config.eval_batch_size),
         last_batch=LastBatch.PAD,
     )
+    if test.num_batches == 0:
+        raise DataError(f"{session.config.feature_spec_path}: the test split has no rows")
+    gather = session.collectives.allgather
     labels, probabilities = [], []
     for batch in test.to_tf_dataset():
-        prediction = session.trainer.predict(batch.numerical, batch.categorical).numpy()
-        keep = batch.weight.numpy().reshape(-1) > 0
-        labels.append(batch.label.numpy().reshape(-1)[keep])
-        probabilities.append(prediction.reshape(-1)[keep])
-    if not labels:
-        raise DataError(f"{session.config.feature_spec_path}: the test split has no rows")
+        prediction = session.trainer.predict(batch.numerical, batch.categorical)
+        # Every rank's local rows, in rank order: the whole global batch.
+        columns = gather(tf.concat([batch.label, prediction, batch.weight], axis=1)).numpy()
+        keep = columns[:, 2] > 0
+        labels.append(columns[keep, 0])
+        probabilities.append(columns[keep, 1])
     return metrics.evaluate(np.concatenate(labels), np.concatenate(probabilities))
 
 
@@ -139,7 +205,7 @@ def train(session: Session) -> dict[str, Any]:
     config, log = session.config, session.log
     trainer = session.trainer
     assert trainer is not None and session.spec is not None
-    train_data = SplitBinaryDataset(session.spec, TRAIN_MAPPING, ShardSpec(config.batch_size))
+    train_data = SplitBinaryDataset(session.spec, TRAIN_MAPPING, session.shard(config.batch_size))
     steps_per_epoch = train_data.num_batches
     if steps_per_epoch == 0:
         raise DataError(
@@ -154,7 +220,7 @@ def train(session: Session) -> dict[str, Any]:
         checkpoint = _open_checkpoint(config.restore_checkpoint_path, session.model_config)
         start_step = restore_training_state(trainer, checkpoint)
         log.print(f"restored {checkpoint.path} at step {start_step}")
-    if config.save_checkpoint_path:
+    if config.save_checkpoint_path and session.collectives.rank == 0:
         config.write(config.save_checkpoint_path)
     evals = [
         s
@@ -185,7 +251,8 @@ def train(session: Session) -> dict[str, Any]:
             step += 1
             report = step % config.print_freq == 0
             if report or step in evals or step == total_steps:
-                loss = float(loss_tensor.numpy())
+                # Each rank's loss is its share of the global mean: their sum is it.
+                loss = float(session.collectives.allreduce_sum([loss_tensor])[0].numpy())
                 trainer.check_finite()
             if report:
                 samples_per_second, eta = throughput.mark(step)
@@ -240,6 +307,7 @@ def train(session: Session) -> dict[str, Any]:
         "wall_time_s": time.perf_counter() - wall_start,
         **_eval_record(last_result),
         "checkpoint": str(checkpoint_path) if checkpoint_path else None,
+        "world_size": session.collectives.world_size,
     }
     return summary
 
@@ -249,7 +317,8 @@ def _manifest_fields(session: Session) -> dict[str, Any]:
         "config": session.config.to_dict(),
         "model": session.model_config.to_dict(),
         "precision": session.precision.dtype_policy,
-        "world_size": 1,
+        "world_size": session.collectives.world_size,
+        "plan": session.plan.to_dict() if session.plan is not None else None,
     }
 
 
@@ -278,7 +347,7 @@ def run_inference(session: Session) -> dict[str, Any]:
         checkpoint = _open_checkpoint(config.restore_checkpoint_path, session.model_config)
         restore_model_weights(session.model, checkpoint)
     test = SplitBinaryDataset(
-        session.spec, TEST_MAPPING, ShardSpec(config.eval_batch_size), last_batch=LastBatch.PAD
+        session.spec, TEST_MAPPING, session.shard(config.eval_batch_size), last_batch=LastBatch.PAD
     )
     steps = config.max_steps if config.max_steps > 0 else test.num_batches
     warmup = config.benchmark_warmup_steps
@@ -320,14 +389,20 @@ def run_export(config: RunConfig, log: MetricsLog) -> dict[str, Any]:
 
 
 def run(config: RunConfig, console: TextIO | None = None) -> dict[str, Any]:
-    """Runs `config.mode`; returns the summary record (also logged)."""
-    check_world_size(config, 1)
-    log = MetricsLog(config.metrics_log_path, config.tensorboard_path, console=console)
+    """Runs `config.mode`; returns the summary record (also logged by rank 0)."""
+    collectives = create_collectives() if config.mode != "export" else Collectives()
+    check_world_size(config, collectives.world_size)
+    log = MetricsLog(
+        config.metrics_log_path,
+        config.tensorboard_path,
+        enabled=collectives.rank == 0,
+        console=console,
+    )
     try:
         if config.mode == "export":
             summary = run_export(config, log)
         else:
-            session = build_session(config, log)
+            session = build_session(config, log, collectives)
             if config.mode == "train":
                 summary = train(session)
             elif config.mode == "eval":

@@ -27,7 +27,7 @@ import json
 import os
 import re
 import shutil
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -90,15 +90,32 @@ class CheckpointWriter:
     `commit(manifest_fields)`. Nothing is visible under `root` before `commit`.
     """
 
-    def __init__(self, root: str | os.PathLike[str], step: int) -> None:
+    def __init__(self, root: str | os.PathLike[str], step: int, create: bool = True) -> None:
+        """`create`: start a fresh staging directory (rank 0, or the only
+        process); other ranks open the one rank 0 created."""
         self.root = Path(root)
         self.step = step
         self.final = self.root / step_directory_name(step)
         self.staging = self.root / f".{step_directory_name(step)}.partial"
-        shutil.rmtree(self.staging, ignore_errors=True)
-        (self.staging / "embeddings").mkdir(parents=True)
+        if create:
+            shutil.rmtree(self.staging, ignore_errors=True)
+            (self.staging / "embeddings").mkdir(parents=True)
         self._files: list[str] = []
         self._tables: dict[int, dict[str, Any]] = {}
+
+    def contents(self) -> dict[str, Any]:
+        """What this writer added: files with their checksums, and table shards
+        (gathered from every rank by rank 0 before `commit`)."""
+        return {
+            "files": {
+                name: {
+                    "sha256": _sha256(self.staging / name),
+                    "bytes": (self.staging / name).stat().st_size,
+                }
+                for name in self._files
+            },
+            "tables": self._tables,
+        }
 
     def _written(self, relative: str) -> None:
         _fsync(self.staging / relative)
@@ -141,25 +158,35 @@ class CheckpointWriter:
         entry = self._tables.setdefault(table, {"index": table, "shape": list(shape), "shards": []})
         entry["shards"].append(TableShard(rows, columns, f"{base}.npy", slot_files).to_dict())
 
-    def commit(self, fields: Mapping[str, Any], keep: int = 0) -> Path:
+    def commit(
+        self,
+        fields: Mapping[str, Any],
+        keep: int = 0,
+        gathered: Sequence[Mapping[str, Any]] | None = None,
+    ) -> Path:
         """Writes the manifest (with checksums), publishes, prunes old checkpoints.
 
         Args:
             fields: JSON-serialisable manifest entries (config, model, optimizer, ...).
             keep: keep this many newest checkpoints under `root` (0: keep all).
+            gathered: every rank's `contents()` when several ranks wrote into
+                the staging directory; this writer's own by default.
         """
+        files: dict[str, Any] = {}
+        tables: dict[int, dict[str, Any]] = {}
+        for part in gathered if gathered is not None else [self.contents()]:
+            files.update(part["files"])
+            for table, entry in part["tables"].items():
+                merged = tables.setdefault(int(table), {**entry, "shards": []})
+                merged["shards"].extend(entry["shards"])
+        for entry in tables.values():
+            entry["shards"].sort(key=lambda shard: (shard["rows"], shard["columns"]))
         manifest = {
             "format_version": FORMAT_VERSION,
             "step": self.step,
             **fields,
-            "tables": [self._tables[t] for t in sorted(self._tables)],
-            "files": {
-                name: {
-                    "sha256": _sha256(self.staging / name),
-                    "bytes": (self.staging / name).stat().st_size,
-                }
-                for name in sorted(self._files)
-            },
+            "tables": [tables[t] for t in sorted(tables)],
+            "files": {name: files[name] for name in sorted(files)},
         }
         manifest_path = self.staging / MANIFEST
         manifest_path.write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")

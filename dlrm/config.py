@@ -15,6 +15,8 @@ from pathlib import Path
 from typing import Any
 
 MODES = ("train", "eval", "inference", "export")
+INPUT_MODES = ("model_parallel", "data_parallel")
+SHARDING_STRATEGIES = ("cost", "memory_balanced", "basic")
 OPTIMIZERS = ("sgd", "adagrad", "adam")
 
 
@@ -75,6 +77,13 @@ class RunConfig:
     embedding_dim: int = 128
     bottom_mlp_dims: tuple[int, ...] = (512, 256, 128)
     top_mlp_dims: tuple[int, ...] = (1024, 1024, 512, 256, 1)
+    # Hybrid parallelism (under horovodrun); thresholds in elements (rows x dim)
+    sharding_strategy: str = "cost"
+    data_parallel_threshold: int = 8192 * 128
+    column_slice_threshold: int = 2**30
+    row_slice_threshold: int = 2**33
+    embedding_memory_budget_gib: float = 0.0  # per rank; 0: no limit
+    input_mode: str = "model_parallel"
     # Precision and compilation
     amp: bool = False
     xla: bool = False
@@ -167,6 +176,22 @@ def _validate(c: RunConfig) -> None:
         f"--optimizer: expected one of {', '.join(OPTIMIZERS)}, got {c.optimizer!r}",
     )
     _require(c.batch_size > 0, f"--batch_size: expected > 0, got {c.batch_size}")
+    _require(
+        c.sharding_strategy in SHARDING_STRATEGIES,
+        f"--sharding_strategy: expected one of {', '.join(SHARDING_STRATEGIES)}, "
+        f"got {c.sharding_strategy!r}",
+    )
+    _require(
+        c.input_mode in INPUT_MODES,
+        f"--input_mode: expected one of {', '.join(INPUT_MODES)}, got {c.input_mode!r}",
+    )
+    for flag in ("data_parallel_threshold", "column_slice_threshold", "row_slice_threshold"):
+        _require(getattr(c, flag) >= 0, f"--{flag}: expected >= 0, got {getattr(c, flag)}")
+    _require(
+        c.embedding_memory_budget_gib >= 0,
+        f"--embedding_memory_budget_gib: expected >= 0 (0: no limit), "
+        f"got {c.embedding_memory_budget_gib}",
+    )
     _require(
         c.valid_batch_size is None or c.valid_batch_size > 0,
         f"--valid_batch_size: expected > 0, got {c.valid_batch_size}",

@@ -26,10 +26,21 @@ def save_training_state(
     manifest_fields: Mapping[str, Any],
     keep: int = 0,
 ) -> Path:
-    """Writes a checkpoint of `trainer` at its current step; returns its directory."""
+    """Writes a checkpoint of `trainer` at its current step; returns its directory.
+
+    Under several ranks (`trainer.collectives`), every rank writes its own table
+    shards in parallel into the staging directory rank 0 created (a filesystem
+    all ranks share); rank 0 writes the dense part and replicated tables, then
+    the manifest once every rank has finished. No rank gathers the model.
+    """
     trainer.check_finite()
+    collectives = trainer.collectives
+    lead = collectives.rank == 0
     step = int(trainer.step.numpy())
-    writer = CheckpointWriter(root, step)
+    writer = CheckpointWriter(root, step, create=lead) if lead else None
+    collectives.barrier()
+    if writer is None:
+        writer = CheckpointWriter(root, step, create=False)
     dense: dict[str, np.ndarray] = {
         STEP_KEY: np.asarray(step, np.int64),
         ITERATIONS_KEY: np.asarray(trainer.optimizer.iterations.numpy()),
@@ -42,8 +53,11 @@ def save_training_state(
         dense[name] = np.asarray(variable.numpy())
         for slot, slot_variable in trainer.optimizer.slots(variable).items():
             dense[f"{name}/{slot}"] = slot_variable.numpy()
-    writer.add_dense(dense)
+    if lead:
+        writer.add_dense(dense)
     for shard in trainer.model.embeddings.local_shards():
+        if shard.replicated and not lead:
+            continue
         writer.add_table_shard(
             shard.table,
             shard.shape,
@@ -55,9 +69,15 @@ def save_training_state(
                 for slot, value in trainer.optimizer.slots(shard.variable).items()
             },
         )
-    return writer.commit(
-        {**manifest_fields, "optimizer": trainer.optimizer.hyperparameters()}, keep=keep
-    )
+    gathered = collectives.allgather_object(writer.contents())
+    if lead:
+        writer.commit(
+            {**manifest_fields, "optimizer": trainer.optimizer.hyperparameters()},
+            keep=keep,
+            gathered=gathered,
+        )
+    collectives.barrier()  # published before any rank goes on (or restores it)
+    return writer.final
 
 
 def check_model_matches(checkpoint: Checkpoint, model_config: Mapping[str, Any]) -> None:

@@ -34,6 +34,7 @@ import tensorflow as tf
 from dlrm.dist import Collectives
 from dlrm.embedding.initializer import initial_table_values
 from dlrm.embedding.local import TableShardVariable
+from dlrm.embedding.planner import ShardingPlan
 
 DATA_PARALLEL = "data_parallel"
 MODEL_PARALLEL_KINDS = ("table_wise", "column_wise", "row_wise")
@@ -52,6 +53,15 @@ class ShardAssignment:
     @property
     def width(self) -> int:
         return self.columns[1] - self.columns[0]
+
+
+def assignments_from_plan(plan: ShardingPlan) -> list[ShardAssignment]:
+    """Every shard of `plan` (data-parallel tables: one whole copy per rank)."""
+    return [
+        ShardAssignment(table.table, table.kind, shard.rank, shard.rows, shard.columns)
+        for table in plan.tables
+        for shard in table.shards
+    ]
 
 
 class ShardedEmbeddings(keras.layers.Layer):

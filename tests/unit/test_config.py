@@ -77,3 +77,11 @@ def test_flagfile_builds_the_config(tmp_path: Path) -> None:
     assert c.optimizer == "adam" and c.amp and not c.xla
     assert c.bottom_mlp_dims == (64, 16) and c.embedding_dim == 16
     assert c.learning_rate == 0.5 and c.top_mlp_dims == (1024, 1024, 512, 256, 1)
+
+
+def test_sharding_defaults_are_the_planners() -> None:
+    from dlrm.embedding import planner
+
+    assert RunConfig.default("data_parallel_threshold") == planner.DEFAULT_DATA_PARALLEL_THRESHOLD
+    assert RunConfig.default("column_slice_threshold") == planner.DEFAULT_COLUMN_SLICE_THRESHOLD
+    assert RunConfig.default("row_slice_threshold") == planner.DEFAULT_ROW_SLICE_THRESHOLD

@@ -1,0 +1,344 @@
+"""The embedding sharding planner: coverage, budgets, balance, serialisation, errors."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import random
+from typing import Any
+
+import pytest
+
+from dlrm.embedding.planner import (
+    COLUMN_WISE,
+    DATA_PARALLEL,
+    ROW_WISE,
+    STRATEGIES,
+    TABLE_WISE,
+    PlanError,
+    PlannerConfig,
+    Shard,
+    ShardingPlan,
+    TablePlan,
+    TableSpec,
+    plan_sharding,
+)
+from feature_spec.criteo import CRITEO_1TB_MLPERF_CARDINALITIES
+
+GiB = 1 << 30
+
+# One table of each kind on 3 ranks, with odd sizes so off-by-one slices show.
+TINY = [
+    TableSpec(23, 7),  # 161 elements: table_wise
+    TableSpec(23, 11, hotness=3),  # 253: table_wise
+    TableSpec(230, 11),  # 2530 > 300: column_wise
+    TableSpec(2300, 7),  # 16100 > 10000: row_wise
+    TableSpec(4, 7),  # 28 <= 30: data_parallel
+]
+TINY_CONFIG = PlannerConfig(
+    3, data_parallel_threshold=30, column_slice_threshold=300, row_slice_threshold=10_000
+)
+
+
+def check_plan(plan: ShardingPlan, tables: list[TableSpec], config: PlannerConfig) -> None:
+    """Checks a plan cell by cell, independently of the plan's own validation."""
+    n, slots = config.world_size, config.optimizer_slots
+    assert plan.world_size == n
+    assert [t.table for t in plan.tables] == list(range(len(tables)))
+    memory = [0] * n
+    for entry, spec in zip(plan.tables, tables, strict=True):
+        assert entry.spec == spec
+        ranks = [s.rank for s in entry.shards]
+        assert len(set(ranks)) == len(ranks) and all(0 <= r < n for r in ranks)
+        for s in entry.shards:
+            memory[s.rank] += (
+                (s.rows[1] - s.rows[0])
+                * (s.columns[1] - s.columns[0])
+                * (spec.dtype_bytes * (1 + slots))
+            )
+        if entry.kind == DATA_PARALLEL:
+            assert sorted(ranks) == list(range(n))
+            assert all(
+                s.rows == (0, spec.rows) and s.columns == (0, spec.dim) for s in entry.shards
+            )
+            continue
+        cells = [0] * (spec.rows * spec.dim) if spec.rows * spec.dim <= 100_000 else None
+        area = 0
+        for s in entry.shards:
+            assert 0 <= s.rows[0] < s.rows[1] <= spec.rows
+            assert 0 <= s.columns[0] < s.columns[1] <= spec.dim
+            area += (s.rows[1] - s.rows[0]) * (s.columns[1] - s.columns[0])
+            if cells is not None:
+                for row in range(*s.rows):
+                    for column in range(*s.columns):
+                        cells[row * spec.dim + column] += 1
+        assert area == spec.rows * spec.dim
+        assert cells is None or set(cells) == {1}
+        if entry.kind == ROW_WISE:
+            assert all(s.columns == (0, spec.dim) for s in entry.shards)
+        if entry.kind == COLUMN_WISE:
+            assert all(s.rows == (0, spec.rows) for s in entry.shards)
+            assert len(entry.shards) <= min(n, spec.dim)
+    assert memory == plan.memory_per_rank()
+    if config.memory_budget_bytes is not None:
+        assert max(memory) <= config.memory_budget_bytes
+
+
+def test_tiny_odd_sizes_get_every_kind() -> None:
+    plan = plan_sharding(TINY, TINY_CONFIG)
+    check_plan(plan, TINY, TINY_CONFIG)
+    assert [t.kind for t in plan.tables] == [
+        TABLE_WISE,
+        TABLE_WISE,
+        COLUMN_WISE,
+        ROW_WISE,
+        DATA_PARALLEL,
+    ]
+    assert sorted(s.columns for s in plan.tables[2].shards) == [(0, 4), (4, 8), (8, 11)]
+    assert sorted(s.rows for s in plan.tables[3].shards) == [(0, 1150), (1150, 2300)]
+
+
+def test_local_shards_and_tables_on() -> None:
+    plan = plan_sharding(TINY, TINY_CONFIG)
+    for rank in range(3):
+        local = plan.local_shards(rank)
+        assert (4, Shard(rank, (0, 4), (0, 7))) in local  # every rank's replica
+        assert plan.tables_on(rank) == sorted({t for t, _ in local if t != 4})
+    assert plan.data_parallel_tables() == [4]
+    assert sorted(t for r in range(3) for t in plan.tables_on(r)) == [0, 1, 2, 2, 2, 3, 3]
+
+
+def test_one_rank_holds_every_table_whole() -> None:
+    plan = plan_sharding(TINY, dataclasses.replace(TINY_CONFIG, world_size=1))
+    assert {t.kind for t in plan.tables} == {TABLE_WISE}
+    assert plan.tables_on(0) == [0, 1, 2, 3, 4]
+
+
+def test_column_slices_are_multiples_of_four_when_the_width_allows() -> None:
+    config = PlannerConfig(8, data_parallel_threshold=0, column_slice_threshold=1000)
+    plan = plan_sharding([TableSpec(100, 128)], config)  # 12,800 elements: 8 slices
+    assert sorted(s.columns for s in plan.tables[0].shards) == [
+        (c, c + 16) for c in range(0, 128, 16)
+    ]
+    config = PlannerConfig(5, data_parallel_threshold=0, column_slice_threshold=30_000)
+    plan = plan_sharding([TableSpec(1000, 128)], config)
+    widths = sorted(s.columns[1] - s.columns[0] for s in plan.tables[0].shards)
+    assert widths == [24, 24, 24, 28, 28]
+
+
+def test_a_one_row_table_above_the_row_threshold_stays_whole() -> None:
+    config = PlannerConfig(2, data_parallel_threshold=0, row_slice_threshold=1000)
+    plan = plan_sharding([TableSpec(1, 5000, hotness=2), TableSpec(3, 5000)], config)
+    check_plan(plan, [TableSpec(1, 5000, hotness=2), TableSpec(3, 5000)], config)
+    assert [t.kind for t in plan.tables] == [TABLE_WISE, ROW_WISE]
+
+
+def skewed_tables() -> list[TableSpec]:
+    """One huge, hot table and twenty small ones."""
+    return [TableSpec(200_000, 16, hotness=4)] + [TableSpec(1_000 + 37 * i, 16) for i in range(20)]
+
+
+def test_cost_balances_a_skewed_set_better_than_round_robin() -> None:
+    tables = skewed_tables()
+    loads = {}
+    for strategy in STRATEGIES:
+        config = PlannerConfig(4, data_parallel_threshold=0, strategy=strategy)
+        plan = plan_sharding(tables, config)
+        check_plan(plan, tables, config)
+        loads[strategy] = (max(plan.memory_per_rank()), max(plan.lookup_bytes_per_rank()))
+    # The huge table sets the floor; round robin stacks small tables on top of it.
+    assert loads["cost"][0] < loads["basic"][0]
+    assert loads["cost"][1] < loads["basic"][1]
+    assert loads["memory_balanced"][0] < loads["basic"][0]
+    assert loads["cost"][0] == 200_000 * 16 * 4
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_random_table_sets_are_valid_and_within_budget(seed: int) -> None:
+    rng = random.Random(seed)
+    tables = [
+        TableSpec(rng.choice([1, 2, 5, 23, 97, 1000, 20_000]), rng.choice([1, 3, 7, 11, 16]),
+                  hotness=rng.randint(1, 4), dtype_bytes=rng.choice([2, 4]))
+        for _ in range(rng.randint(1, 12))
+    ]  # fmt: skip
+    for world_size in range(1, 6):
+        for strategy in STRATEGIES:
+            slots = rng.randint(0, 2)
+            total = sum(t.memory_bytes(slots) for t in tables)
+            budget = rng.choice([None, int(total * rng.uniform(0.3, 1.5))])
+            config = PlannerConfig(
+                world_size,
+                budget,
+                data_parallel_threshold=rng.choice([0, 20, 200]),
+                column_slice_threshold=rng.choice([50, 5_000]),
+                row_slice_threshold=rng.choice([1_000, 100_000]),
+                strategy=strategy,
+                optimizer_slots=slots,
+            )
+            try:
+                plan = plan_sharding(tables, config)
+            except PlanError as error:
+                assert budget is not None, error  # only a budget can refuse a plan
+                assert any(c.isdigit() for c in str(error))
+                continue
+            check_plan(plan, tables, config)
+            assert ShardingPlan.from_json(plan.to_json()) == plan
+
+
+def test_random_sets_without_budget_always_plan() -> None:
+    rng = random.Random(7)
+    for _ in range(50):
+        tables = [TableSpec(rng.randint(1, 5_000), rng.randint(1, 40)) for _ in range(8)]
+        config = PlannerConfig(rng.randint(1, 5), column_slice_threshold=20_000,
+                               row_slice_threshold=100_000)  # fmt: skip
+        check_plan(plan_sharding(tables, config), tables, config)
+
+
+def test_criteo_1tb_on_8_ranks_is_valid_and_balanced() -> None:
+    tables = [TableSpec(rows, 128) for rows in CRITEO_1TB_MLPERF_CARDINALITIES]
+    config = PlannerConfig(8, 16 * GiB)
+    plan = plan_sharding(tables, config)
+    check_plan(plan, tables, config)
+    kinds = [t.kind for t in plan.tables]
+    assert kinds.count(COLUMN_WISE) == 5  # the tables of 25 M rows and more
+    assert kinds.count(DATA_PARALLEL) == 13  # up to 8192 rows
+    memory, lookup = plan.memory_per_rank(), plan.lookup_bytes_per_rank()
+    assert max(memory) / (sum(memory) / 8) < 1.1
+    assert max(lookup) / (sum(lookup) / 8) < 1.05
+    # Balancing memory alone leaves the lookups badly skewed.
+    by_memory = plan_sharding(tables, dataclasses.replace(config, strategy="memory_balanced"))
+    assert max(by_memory.lookup_bytes_per_rank()) > 2 * max(lookup)
+    # Adagrad's slot doubles the bytes: 16 GiB per rank is then too little.
+    with pytest.raises(PlanError, match=r"the model needs 179.2 GiB .* 128.0 GiB in total"):
+        plan_sharding(tables, dataclasses.replace(config, optimizer_slots=1))
+
+
+def test_json_round_trip() -> None:
+    plan = plan_sharding(TINY, dataclasses.replace(TINY_CONFIG, optimizer_slots=2))
+    data = json.loads(plan.to_json())
+    assert data["tables"][3]["kind"] == ROW_WISE
+    again = ShardingPlan.from_dict(data)
+    assert again == plan
+    assert again.memory_per_rank() == plan.memory_per_rank()
+
+
+def test_format_table_lists_every_table_and_rank() -> None:
+    plan = plan_sharding(TINY, TINY_CONFIG)
+    text = plan.format_table()
+    lines = text.splitlines()
+    for entry in plan.tables:
+        line = next(x for x in lines if x.split()[:1] == [str(entry.table)] and entry.kind in x)
+        assert f"{entry.spec.rows:,}" in line
+    assert "every rank (3)" in text and "[:, 0:4]" in text and "[0:1150, :]" in text
+    assert lines[-1].startswith("max/mean: memory")
+
+
+def corrupt(plan: ShardingPlan, table: int, shards: list[dict[str, object]]) -> dict[str, object]:
+    data = plan.to_dict()
+    data["tables"][table]["shards"] = shards
+    return data
+
+
+@pytest.mark.parametrize(
+    ("table", "shards", "message"),
+    [
+        (3, [{"rank": 0, "rows": [0, 1200], "columns": [0, 7]},
+             {"rank": 1, "rows": [1100, 2300], "columns": [0, 7]}], "do not cover"),
+        (3, [{"rank": 0, "rows": [0, 1000], "columns": [0, 7]},
+             {"rank": 1, "rows": [1100, 2300], "columns": [0, 7]}], "do not cover"),
+        (2, [{"rank": 0, "rows": [0, 230], "columns": [0, 5]},
+             {"rank": 0, "rows": [0, 230], "columns": [5, 11]}], "two shards on one rank"),
+        (0, [{"rank": 3, "rows": [0, 23], "columns": [0, 7]}], "rank 3 is outside a world of 3"),
+        (0, [{"rank": 0, "rows": [0, 24], "columns": [0, 7]}], "outside the table's shape"),
+        (4, [{"rank": 0, "rows": [0, 4], "columns": [0, 7]}], r"expected all 3 ranks"),
+        (1, [{"rank": 0, "rows": [0, 23], "columns": [3, 3]}], "invalid shard"),
+        (1, [{"rank": 0}], "not a sharding plan"),
+    ],
+)  # fmt: skip
+def test_invalid_plans_are_refused(
+    table: int, shards: list[dict[str, object]], message: str
+) -> None:
+    plan = plan_sharding(TINY, TINY_CONFIG)
+    with pytest.raises(PlanError, match=message):
+        ShardingPlan.from_dict(corrupt(plan, table, shards))
+
+
+def test_tables_out_of_order_or_missing_are_refused() -> None:
+    plan = plan_sharding(TINY, TINY_CONFIG)
+    with pytest.raises(PlanError, match="plan entry 1 is for table 2"):
+        ShardingPlan(3, "cost", (plan.tables[0], *plan.tables[2:]))
+    with pytest.raises(PlanError, match="'diagonal' is not one of"):
+        TablePlan(0, "diagonal", TINY[0], plan.tables[0].shards)
+
+
+def test_plan_for_another_run_is_refused() -> None:
+    plan = plan_sharding(TINY, TINY_CONFIG)
+    plan.validate(TINY, 3)
+    with pytest.raises(PlanError, match="the sharding plan is for 3 ranks, this run has 4"):
+        plan.validate(TINY, 4)
+    with pytest.raises(PlanError, match="has 5 tables, the model 4"):
+        plan.validate(TINY[:4], 3)
+    other = [*TINY[:2], TableSpec(231, 11), *TINY[3:]]
+    with pytest.raises(PlanError, match=r"table 2: .* \[230, 11\], the model \[231, 11\]"):
+        plan.validate(other, 3)
+
+
+def test_error_when_the_whole_model_exceeds_the_budget() -> None:
+    tables = [TableSpec(1_000_000, 64)] * 3  # 3 x 244.1 MiB
+    with pytest.raises(
+        PlanError,
+        match=r"the model needs 732.4 MiB .* the budget of 2 ranks is 400.0 MiB in total "
+        r"\(200.0 MiB per rank\)",
+    ):
+        plan_sharding(tables, PlannerConfig(2, 200 << 20))
+
+
+def test_error_when_one_table_cannot_be_split_enough() -> None:
+    # Two rows make at most two row shards, of 1,000,000 x 4 x 2 bytes each.
+    with pytest.raises(
+        PlanError,
+        match=r"table 0 \(2 x 1,000,000, 15.3 MiB with 1 optimizer slot\(s\)\) does not fit "
+        r"4 ranks x 5.0 MiB: split by rows over 2 ranks, a shard needs 7.6 MiB, and a rank "
+        r"has 5.0 MiB left",
+    ):
+        plan_sharding([TableSpec(2, 1_000_000)], PlannerConfig(4, 5 << 20, optimizer_slots=1))
+
+
+def test_error_names_the_rank_that_would_overflow() -> None:
+    tables = [TableSpec(1024, 256)] * 3  # 1 MiB each; 2 ranks of 1.5 MiB hold only two
+    config = PlannerConfig(2, 3 << 19, data_parallel_threshold=0)
+    with pytest.raises(PlanError, match=r"rank 0 would hold 2.0 MiB, 512.0 KiB over the 1.5 MiB"):
+        plan_sharding(tables, config)
+
+
+def test_round_robin_overflows_where_the_greedy_fits() -> None:
+    tables = [TableSpec(1024, 256), TableSpec(64, 256), TableSpec(1024, 256), TableSpec(64, 256)]
+    config = PlannerConfig(2, (1 << 20) + (1 << 17), data_parallel_threshold=0)
+    check_plan(plan_sharding(tables, config), tables, config)
+    with pytest.raises(PlanError, match=r"table 2 .*\(basic strategy\): rank 0 would hold 2.0 MiB"):
+        plan_sharding(tables, dataclasses.replace(config, strategy="basic"))
+
+
+def test_error_when_replicated_tables_exceed_the_budget() -> None:
+    with pytest.raises(PlanError, match=r"data-parallel tables need 31\.2 KiB on every rank"):
+        plan_sharding([TableSpec(1000, 8)], PlannerConfig(2, 20_000, data_parallel_threshold=8000))
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"world_size": 0}, "world size: expected >= 1, got 0"),
+        ({"memory_budget_bytes": 0}, "memory budget: expected >= 1 byte, got 0"),
+        ({"column_slice_threshold": -1}, "--column_slice_threshold: expected >= 0, got -1"),
+        ({"strategy": "random"}, "--sharding_strategy: expected one of"),
+        ({"optimizer_slots": -1}, "optimizer slots: expected >= 0, got -1"),
+    ],
+)
+def test_config_errors_name_the_setting(changes: dict[str, Any], message: str) -> None:
+    with pytest.raises(PlanError, match=message):
+        dataclasses.replace(PlannerConfig(2), **changes)
+
+
+def test_table_spec_rejects_empty_tables() -> None:
+    with pytest.raises(PlanError, match="table rows: expected >= 1, got 0"):
+        TableSpec(0, 8)
