@@ -1,0 +1,167 @@
+"""Encoding one mapping's rows (ids, transformed numericals) and writing them in order.
+
+Order: the train rows by a seeded hash of (file key, line number), a shuffle that
+is the same for the same seed and input whatever the Spark partitioning; the other
+mappings in input order (file, then line). Rows are spread over `buckets`,
+consecutive ranges of that order, with one Spark shuffle (no sampling pass), sorted
+within each task, written as part files by `partition_writer` and joined in bucket
+order.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from preproc.config import NumericalTransform
+from preproc.layout import (
+    LABEL_COLUMN,
+    CategoricalKind,
+    InputLayout,
+    categorical_column,
+    numerical_column,
+)
+from preproc.parse import FILE_COLUMN, LINE_COLUMN
+from preproc.partition_writer import PartFormat, PartStats, concatenate_parts, write_partition
+from preproc.vocabulary import ID_COLUMN, VALUE_COLUMN, read_vocabulary
+
+if TYPE_CHECKING:
+    from pyspark.sql import Column, DataFrame, SparkSession
+
+# Shuffle keys are the first 15 hex digits (60 bits) of sha256("<seed>:<file key>:<line>").
+SHUFFLE_KEY_BITS = 60
+ORDER_COLUMN = "_order"
+BUCKET_COLUMN = "_bucket"
+# Vocabularies up to this many ids are broadcast to every task (hash join, no shuffle).
+BROADCAST_VOCABULARY_IDS = 2_000_000
+# Buckets per output partition: a hash partitioner puts several buckets in one task;
+# more buckets than tasks keep the tasks' sizes even.
+BUCKETS_PER_PARTITION = 4
+
+
+@dataclasses.dataclass(frozen=True)
+class Ordering:
+    """How a mapping's rows are ordered.
+
+    Attributes:
+        shuffle: order by the seeded hash (train) instead of input order.
+        seed: the shuffle seed.
+        file_keys: per input file index, its shuffle name.
+        file_offsets: per input file index, the number of lines of the mapping's
+            earlier files (input order); files of other mappings are ignored.
+        total_lines: lines in the mapping's files.
+    """
+
+    shuffle: bool
+    seed: int
+    file_keys: tuple[str, ...]
+    file_offsets: tuple[int, ...]
+    total_lines: int
+
+
+def encode(
+    spark: SparkSession,
+    rows: DataFrame,
+    layout: InputLayout,
+    vocabulary_dir: Path | None,
+    cardinalities: Sequence[int],
+    transform: NumericalTransform,
+) -> DataFrame:
+    """Well-formed rows with `_line` -> [_file, _line, _label, _num<i> (double), _cat<i> (int)]."""
+    from pyspark.sql import functions as F
+
+    schema = rows.schema
+    cat_values: list[Column] = []
+    for index, column in enumerate(layout.categorical):
+        name = categorical_column(index)
+        if column.kind == CategoricalKind.ID or vocabulary_dir is None:
+            cat_values.append(F.coalesce(F.col(name).cast("int"), F.lit(0)).alias(name))
+            continue
+        vocabulary = read_vocabulary(spark, vocabulary_dir, index, schema[name].dataType)
+        vocabulary = vocabulary.select(
+            F.col(VALUE_COLUMN).alias(f"_v{index}"), F.col(ID_COLUMN).alias(f"_id{index}")
+        )
+        if cardinalities[index] <= BROADCAST_VOCABULARY_IDS:
+            vocabulary = F.broadcast(vocabulary)
+        rows = rows.join(vocabulary, F.col(name) == F.col(f"_v{index}"), "left")
+        cat_values.append(F.coalesce(F.col(f"_id{index}"), F.lit(0)).alias(name))
+    num_values = [
+        _transform(F.col(numerical_column(i)), transform).alias(numerical_column(i))
+        for i in range(len(layout.numerical))
+    ]
+    return rows.select(FILE_COLUMN, LINE_COLUMN, LABEL_COLUMN, *num_values, *cat_values)
+
+
+def _transform(value: Column, transform: NumericalTransform) -> Column:
+    from pyspark.sql import functions as F
+
+    value = F.coalesce(value.cast("double"), F.lit(0.0))
+    if transform == NumericalTransform.NONE:
+        return value
+    value = F.greatest(value, F.lit(0.0))
+    return F.log1p(value) if transform == NumericalTransform.LOG else value
+
+
+def order_columns(encoded: DataFrame, ordering: Ordering, buckets: int) -> DataFrame:
+    """`encoded` with `_order` (the final position's sort key) and `_bucket`."""
+    from pyspark.sql import functions as F
+
+    if ordering.shuffle:
+        keys = F.element_at(
+            F.array(*[F.lit(k) for k in ordering.file_keys]), F.col(FILE_COLUMN) + 1
+        )
+        text = F.concat_ws(":", F.lit(str(ordering.seed)), keys, F.col(LINE_COLUMN).cast("string"))
+        digits = SHUFFLE_KEY_BITS // 4
+        order = F.conv(F.substring(F.sha2(text, 256), 1, digits), 16, 10).cast("long")
+        span = float(1 << SHUFFLE_KEY_BITS)
+    else:
+        offsets = F.element_at(
+            F.array(*[F.lit(o).cast("long") for o in ordering.file_offsets]),
+            F.col(FILE_COLUMN) + 1,
+        )
+        order = offsets + F.col(LINE_COLUMN)
+        span = float(max(ordering.total_lines, 1))
+    bucket = F.least(F.floor(F.col(ORDER_COLUMN) / F.lit(span / buckets)), F.lit(buckets - 1))
+    with_order = encoded.withColumn(ORDER_COLUMN, order)
+    return with_order.withColumn(BUCKET_COLUMN, bucket.cast("int"))
+
+
+def write_ordered(
+    ordered: DataFrame,
+    layout: InputLayout,
+    part: PartFormat,
+    output_dir: Path,
+    partitions: int,
+    buckets: int,
+) -> PartStats:
+    """Writes the rows of `ordered` (with `_order`, `_bucket`) as split binary files."""
+    from pyspark.sql import functions as F
+
+    columns = [
+        BUCKET_COLUMN,
+        LABEL_COLUMN,
+        *(numerical_column(i) for i in range(len(layout.numerical))),
+        *(categorical_column(i) for i in range(len(layout.categorical))),
+    ]
+    tasks = (
+        ordered.repartition(partitions, F.col(BUCKET_COLUMN))
+        .sortWithinPartitions(BUCKET_COLUMN, ORDER_COLUMN, FILE_COLUMN, LINE_COLUMN)
+        .select(*columns)
+    )
+    Path(part.parts_dir).mkdir(parents=True, exist_ok=True)
+    results = tasks.rdd.mapPartitions(functools.partial(write_partition, part)).collect()
+    total = PartStats.empty(part)
+    for stats in results:
+        total.add(stats)
+    concatenate_parts(part, output_dir)
+    return total
+
+
+def plan_partitions(rows: int, parallelism: int, rows_per_partition: int) -> tuple[int, int]:
+    """(tasks, buckets) for writing `rows` rows."""
+    tasks = max(parallelism, math.ceil(rows / rows_per_partition), 1)
+    return tasks, tasks * BUCKETS_PER_PARTITION

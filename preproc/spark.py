@@ -1,0 +1,236 @@
+"""The Spark session of a preprocessing run: its configuration (local, cluster, GPU)
+and a console progress reporter.
+
+`spark_conf` is pure: it turns `SparkSettings` into the key/value configuration,
+so the GPU (RAPIDS Accelerator) settings are tested without a GPU or Spark.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import re
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from preproc.errors import PreprocessingError
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+Console = Callable[[str], None]
+
+# Spark's Python workers import preproc.partition_writer from here.
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+RAPIDS_PLUGIN_CLASS = "com.nvidia.spark.SQLPlugin"
+JIT_OPTIONS = "-XX:-DontCompileHugeMethods"
+_MEMORY = re.compile(r"^[1-9][0-9]*[kmgtp]?$", re.IGNORECASE)
+
+
+def print_to_stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+@dataclasses.dataclass(frozen=True)
+class SparkSettings:
+    """How to run Spark. Every field maps to a command-line flag of the same name.
+
+    Attributes:
+        spark_master: `local[*]` (all cores of this machine), `local[N]`, or a
+            cluster URL (`spark://host:7077`, `yarn`, `k8s://...`).
+        driver_memory: JVM heap of the driver (`spark.driver.memory`); in local
+            mode the driver runs every task, so this is all the memory Spark gets.
+        executor_memory: heap per executor on a cluster (`spark.executor.memory`).
+        local_dir: disk for shuffle and spill files (`spark.local.dir`); needs
+            room for about twice the input size.
+        shuffle_partitions: `spark.sql.shuffle.partitions` (Spark's default 200).
+        gpu: add the RAPIDS Accelerator settings (needs `rapids_jar`).
+        rapids_jar: path of the rapids-4-spark jar.
+        gpu_discovery_script: Spark's `getGpusResources.sh`, for cluster masters.
+        gpu_pinned_memory: host pinned memory pool of the RAPIDS Accelerator.
+        spark_conf: extra `key=value` settings, applied last (they win).
+    """
+
+    spark_master: str = "local[*]"
+    app_name: str = "dlrm-preproc"
+    driver_memory: str | None = None
+    executor_memory: str | None = None
+    local_dir: str | None = None
+    shuffle_partitions: int | None = None
+    gpu: bool = False
+    rapids_jar: str | None = None
+    gpu_discovery_script: str | None = None
+    gpu_pinned_memory: str = "2g"
+    spark_conf: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def is_local(self) -> bool:
+        return self.spark_master == "local" or self.spark_master.startswith("local[")
+
+
+def parse_conf_items(
+    items: list[str] | tuple[str, ...], flag: str = "--spark_conf"
+) -> tuple[tuple[str, str], ...]:
+    """`key=value` strings as pairs; the error names `flag` and the item."""
+    pairs = []
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise PreprocessingError(f"{flag}: expected key=value, got {item!r}")
+        pairs.append((key.strip(), value.strip()))
+    return tuple(pairs)
+
+
+def spark_conf(settings: SparkSettings) -> dict[str, str]:
+    """The Spark configuration for `settings`.
+
+    Raises:
+        PreprocessingError: naming the flag whose value is invalid, e.g. `--gpu`
+            without `--rapids_jar`.
+    """
+    if not settings.spark_master:
+        raise PreprocessingError("--spark_master: expected a Spark master URL, got ''")
+    for flag in ("driver_memory", "executor_memory", "gpu_pinned_memory"):
+        value = getattr(settings, flag)
+        if value is not None and not _MEMORY.match(value):
+            raise PreprocessingError(f"--{flag}: expected a size such as 512m or 4g, got {value!r}")
+    if settings.shuffle_partitions is not None and settings.shuffle_partitions < 1:
+        raise PreprocessingError(
+            f"--shuffle_partitions: expected a positive int, got {settings.shuffle_partitions}"
+        )
+    conf = {
+        "spark.master": settings.spark_master,
+        "spark.app.name": settings.app_name,
+        # Our own progress lines replace Spark's console bar (which garbles logs).
+        "spark.ui.showConsoleProgress": "false",
+        "spark.sql.adaptive.enabled": "true",
+        # The parsed rows have 40+ columns; keeps Spark from warning about plan strings.
+        "spark.sql.debug.maxToStringFields": "256",
+        # Rows of 40+ columns make generated methods larger than HotSpot compiles by
+        # default (8000 bytes of bytecode); compiling them anyway is 20-30% faster here.
+        "spark.driver.extraJavaOptions": JIT_OPTIONS,
+        "spark.executor.extraJavaOptions": JIT_OPTIONS,
+        # Python workers (the binary writers) import preproc from the project root:
+        # in local mode, or on a cluster that sees the project on a shared file system.
+        "spark.executorEnv.PYTHONPATH": str(PROJECT_ROOT),
+    }
+    if settings.driver_memory is not None:
+        conf["spark.driver.memory"] = settings.driver_memory
+    if settings.executor_memory is not None:
+        conf["spark.executor.memory"] = settings.executor_memory
+    if settings.local_dir is not None:
+        conf["spark.local.dir"] = settings.local_dir
+    if settings.shuffle_partitions is not None:
+        conf["spark.sql.shuffle.partitions"] = str(settings.shuffle_partitions)
+    if settings.gpu:
+        conf.update(_rapids_conf(settings))
+    elif settings.rapids_jar is not None:
+        raise PreprocessingError("--rapids_jar: given without --gpu; expected both or neither")
+    conf.update(dict(settings.spark_conf))
+    return conf
+
+
+def _rapids_conf(settings: SparkSettings) -> dict[str, str]:
+    """The RAPIDS Accelerator settings: plugin, jar, GPU resources, pinned memory."""
+    if settings.rapids_jar is None:
+        raise PreprocessingError(
+            "--gpu: the RAPIDS Accelerator jar is required; expected --rapids_jar "
+            "PATH/rapids-4-spark_2.12-<version>.jar (download it from Maven Central, "
+            "com.nvidia:rapids-4-spark_2.12, a version built for Spark 3.5)"
+        )
+    jar = Path(settings.rapids_jar)
+    if not jar.is_file() or jar.suffix != ".jar":
+        raise PreprocessingError(
+            f"--rapids_jar: expected an existing .jar file, got {settings.rapids_jar!r}"
+        )
+    conf = {
+        "spark.plugins": RAPIDS_PLUGIN_CLASS,
+        "spark.jars": str(jar.resolve()),
+        "spark.rapids.sql.enabled": "true",
+        "spark.rapids.memory.pinnedPool.size": settings.gpu_pinned_memory,
+        "spark.rapids.sql.concurrentGpuTasks": "2",
+        # Bigger input splits keep the GPU busy; log what stays on the CPU.
+        "spark.sql.files.maxPartitionBytes": "512m",
+        "spark.rapids.sql.explain": "NOT_ON_GPU",
+    }
+    if settings.is_local:
+        # Local mode has no resource scheduling: the driver JVM is the executor.
+        conf["spark.driver.extraClassPath"] = str(jar.resolve())
+        return conf
+    extra = dict(settings.spark_conf)
+    cores = extra.get("spark.executor.cores", "1")
+    try:
+        task_share = 1.0 / int(cores)
+    except (ValueError, ZeroDivisionError):
+        raise PreprocessingError(
+            f"--spark_conf spark.executor.cores: expected a positive int, got {cores!r}"
+        ) from None
+    conf["spark.executor.resource.gpu.amount"] = "1"
+    conf["spark.task.resource.gpu.amount"] = f"{task_share:.4g}"
+    if settings.gpu_discovery_script is not None:
+        script = Path(settings.gpu_discovery_script)
+        if not script.is_file():
+            raise PreprocessingError(
+                f"--gpu_discovery_script: expected an existing file, got {str(script)!r}"
+            )
+        conf["spark.executor.resource.gpu.discoveryScript"] = str(script.resolve())
+    return conf
+
+
+def start_spark(settings: SparkSettings, console: Console = print_to_stderr) -> SparkSession:
+    """A SparkSession configured by `settings` (validated first, before the JVM starts)."""
+    conf = spark_conf(settings)
+    from pyspark.sql import SparkSession
+
+    builder = SparkSession.builder
+    for key, value in conf.items():
+        builder = builder.config(key, value)
+    start = time.monotonic()
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("WARN")
+    console(
+        f"[preproc] Spark {spark.version} started in {time.monotonic() - start:.1f} s "
+        f"(master {conf['spark.master']}, parallelism {spark.sparkContext.defaultParallelism})"
+    )
+    return spark
+
+
+@contextlib.contextmanager
+def spark_progress(
+    spark: SparkSession, label: str, console: Console, interval: float = 10.0
+) -> Iterator[None]:
+    """Prints the running Spark stages' task counts every `interval` seconds while
+    the body runs, and names the body's Spark jobs `label` (Spark UI)."""
+    context = spark.sparkContext
+    context.setJobDescription(label)
+    stop = threading.Event()
+    start = time.monotonic()
+
+    def report() -> None:
+        tracker = context.statusTracker()
+        while not stop.wait(interval):
+            parts = []
+            for stage_id in sorted(tracker.getActiveStageIds()):
+                info = tracker.getStageInfo(stage_id)
+                if info is not None:
+                    parts.append(
+                        f"Spark stage {stage_id}: {info.numCompletedTasks}/{info.numTasks} "
+                        f"tasks ({info.numActiveTasks} running)"
+                    )
+            running = "; ".join(parts) if parts else "driver work"
+            console(f"[preproc] {label}: {time.monotonic() - start:,.0f} s, {running}")
+
+    thread = threading.Thread(target=report, name=f"progress-{label}", daemon=True)
+    if interval > 0:
+        thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        if thread.is_alive():
+            thread.join()
+        context.setJobDescription(None)  # type: ignore[arg-type]

@@ -1,0 +1,108 @@
+"""The generated Spark configuration: local defaults, memory flags, the RAPIDS
+Accelerator settings for local and cluster masters, errors naming the flag."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from preproc.errors import PreprocessingError
+from preproc.spark import PROJECT_ROOT, RAPIDS_PLUGIN_CLASS, SparkSettings, spark_conf
+
+
+def test_local_defaults() -> None:
+    conf = spark_conf(SparkSettings())
+    assert conf["spark.master"] == "local[*]"
+    assert conf["spark.executorEnv.PYTHONPATH"] == str(PROJECT_ROOT)
+    assert (PROJECT_ROOT / "preproc" / "partition_writer.py").is_file()
+    assert not any(key.startswith("spark.rapids") or key == "spark.plugins" for key in conf)
+    assert "spark.driver.memory" not in conf  # Spark's default unless asked
+
+
+def test_memory_local_dir_and_overrides() -> None:
+    settings = SparkSettings(
+        spark_master="spark://head:7077",
+        driver_memory="8g",
+        executor_memory="64g",
+        local_dir="/scratch/spark",
+        shuffle_partitions=2000,
+        spark_conf=(("spark.driver.memory", "16g"), ("spark.executor.cores", "8")),
+    )
+    conf = spark_conf(settings)
+    assert conf["spark.master"] == "spark://head:7077"
+    assert conf["spark.driver.memory"] == "16g"  # --spark_conf wins
+    assert conf["spark.executor.memory"] == "64g"
+    assert conf["spark.local.dir"] == "/scratch/spark"
+    assert conf["spark.sql.shuffle.partitions"] == "2000"
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        (SparkSettings(driver_memory="lots"), "--driver_memory: expected a size such as"),
+        (SparkSettings(executor_memory="4 GB"), "--executor_memory: expected a size"),
+        (SparkSettings(shuffle_partitions=0), "--shuffle_partitions: expected a positive int"),
+        (SparkSettings(spark_master=""), "--spark_master: expected a Spark master URL"),
+        (SparkSettings(gpu=True), "--gpu: the RAPIDS Accelerator jar is required; expected "),
+        (SparkSettings(gpu=True, rapids_jar="/no/such.jar"), "--rapids_jar: expected an existing"),
+        (SparkSettings(rapids_jar="/x.jar"), "--rapids_jar: given without --gpu"),
+    ],
+)
+def test_flag_errors(settings: SparkSettings, message: str) -> None:
+    with pytest.raises(PreprocessingError, match=message):
+        spark_conf(settings)
+
+
+@pytest.fixture
+def rapids_jar(tmp_path: Path) -> Path:
+    jar = tmp_path / "rapids-4-spark_2.12-24.12.0.jar"
+    jar.write_bytes(b"PK")
+    return jar
+
+
+def test_gpu_settings_local(rapids_jar: Path) -> None:
+    conf = spark_conf(SparkSettings(spark_master="local[4]", gpu=True, rapids_jar=str(rapids_jar)))
+    assert conf["spark.plugins"] == RAPIDS_PLUGIN_CLASS == "com.nvidia.spark.SQLPlugin"
+    assert conf["spark.jars"] == str(rapids_jar.resolve())
+    assert conf["spark.driver.extraClassPath"] == str(rapids_jar.resolve())
+    assert conf["spark.rapids.sql.enabled"] == "true"
+    assert conf["spark.rapids.memory.pinnedPool.size"] == "2g"
+    assert conf["spark.rapids.sql.concurrentGpuTasks"] == "2"
+    assert "spark.executor.resource.gpu.amount" not in conf  # no resource scheduling locally
+
+
+def test_gpu_settings_cluster(rapids_jar: Path, tmp_path: Path) -> None:
+    script = tmp_path / "getGpusResources.sh"
+    script.write_text("#!/bin/sh\n")
+    settings = SparkSettings(
+        spark_master="spark://head:7077",
+        gpu=True,
+        rapids_jar=str(rapids_jar),
+        gpu_discovery_script=str(script),
+        gpu_pinned_memory="8g",
+        spark_conf=(("spark.executor.cores", "4"),),
+    )
+    conf = spark_conf(settings)
+    assert conf["spark.executor.resource.gpu.amount"] == "1"
+    assert conf["spark.task.resource.gpu.amount"] == "0.25"  # 4 tasks share an executor's GPU
+    assert conf["spark.executor.resource.gpu.discoveryScript"] == str(script.resolve())
+    assert conf["spark.rapids.memory.pinnedPool.size"] == "8g"
+    assert "spark.driver.extraClassPath" not in conf
+    with pytest.raises(PreprocessingError, match="--gpu_discovery_script: expected an existing"):
+        spark_conf(
+            SparkSettings(
+                spark_master="yarn", gpu=True, rapids_jar=str(rapids_jar), gpu_discovery_script="x"
+            )
+        )
+    with pytest.raises(
+        PreprocessingError, match=r"spark\.executor\.cores: expected a positive int"
+    ):
+        spark_conf(
+            SparkSettings(
+                spark_master="yarn",
+                gpu=True,
+                rapids_jar=str(rapids_jar),
+                spark_conf=(("spark.executor.cores", "0"),),
+            )
+        )

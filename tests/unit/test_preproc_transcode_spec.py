@@ -1,0 +1,139 @@
+"""preproc.transcode's input: the spec with csv chunks and `auto` cardinalities,
+--input and --delimiter, and errors that name the file, key or flag (no Spark)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from feature_spec import FeatureSpecError
+from preproc.errors import PreprocessingError
+from preproc.layout import CategoricalKind
+from preproc.transcode import (
+    build_layout,
+    build_parser,
+    parse_delimiter,
+    parse_inputs,
+    read_input_spec,
+    transcode_config,
+)
+
+
+def spec_dict(**changes: Any) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "channel_spec": {"label": ["y"], "numerical": ["a", "b"], "categorical": ["c", "d"]},
+        "feature_spec": {
+            "y": {"dtype": "bool"},
+            "a": {"dtype": "float16"},
+            "b": {"dtype": "float16"},
+            "c": {"dtype": "int32", "cardinality": "auto"},
+            "d": {"dtype": "int8", "cardinality": 7},
+        },
+        "source_spec": {
+            "train": [{"type": "csv", "features": ["d", "y", "b", "a", "c"], "files": ["t.csv"]}],
+            "test": [{"type": "csv", "features": ["d", "y", "b", "a", "c"], "files": ["e.csv"]}],
+        },
+    }
+    spec.update(changes)
+    return spec
+
+
+def write(tmp_path: Path, spec: dict[str, Any]) -> Path:
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+def test_reads_columns_files_and_auto(tmp_path: Path) -> None:
+    spec, columns, files = read_input_spec(write(tmp_path, spec_dict()))
+    assert columns == ("d", "y", "b", "a", "c")
+    assert files == {"train": [tmp_path / "t.csv"], "test": [tmp_path / "e.csv"]}
+    layout = build_layout(spec, columns, ",")
+    assert layout.fields == columns and layout.label_source == "y"
+    assert [c.name for c in layout.numerical] == ["a", "b"]  # channel order
+    assert [(c.name, c.kind, c.cardinality) for c in layout.categorical] == [
+        ("c", CategoricalKind.TOKEN, None),
+        ("d", CategoricalKind.ID, 7),
+    ]
+    assert layout.vocabulary_columns == (0,)
+
+
+def test_without_csv_chunks_columns_follow_the_channels(tmp_path: Path) -> None:
+    spec, columns, files = read_input_spec(write(tmp_path, spec_dict(source_spec={})))
+    assert columns is None and files == {}
+    assert build_layout(spec, columns, "\t").fields == ("y", "a", "b", "c", "d")
+
+
+FEATURES = spec_dict()["feature_spec"]
+BINARY_CHUNK = {"type": "split_binary", "features": ["y"], "files": ["x"]}
+SHORT_CSV_CHUNK = {"type": "csv", "features": ["y", "a"], "files": ["t"]}
+TOO_FEW_CHANNELS = {"label": ["y"], "numerical": ["a", "b"], "categorical": ["c"]}
+BAD_CARDINALITY = {**FEATURES, "c": {"dtype": "int32", "cardinality": "many"}}
+MULTI_HOT = {**FEATURES, "d": {"dtype": "int8", "cardinality": 7, "hotness": 2}}
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        (
+            {"source_spec": {"train": [BINARY_CHUNK]}},
+            r"source_spec.train\[0\].type: transcode reads delimited text; expected 'csv'",
+        ),
+        ({"source_spec": {"train": [SHORT_CSV_CHUNK]}}, "the csv columns must be every feature"),
+        ({"channel_spec": TOO_FEW_CHANNELS}, r"feature_spec.d: feature is in no channel"),
+        (
+            {"feature_spec": BAD_CARDINALITY},
+            r"feature_spec.c.cardinality: expected a positive int or \"auto\", got 'many'",
+        ),
+        (
+            {"feature_spec": MULTI_HOT},
+            "feature_spec.d.hotness: transcode reads one value per field; expected 1, got 2",
+        ),
+    ],
+)
+def test_spec_errors_name_the_file_and_key(
+    tmp_path: Path, changes: dict[str, Any], message: str
+) -> None:
+    path = write(tmp_path, spec_dict(**changes))
+    with pytest.raises(FeatureSpecError, match=message) as caught:
+        read_input_spec(path)
+    assert str(caught.value).startswith(str(path))
+
+
+def test_inputs_and_delimiters() -> None:
+    assert parse_inputs(["a.csv", "test=b.csv,c.csv", "x=y/z=1.csv"]) == {
+        "train": [Path("a.csv")],
+        "test": [Path("b.csv"), Path("c.csv")],
+        "x": [Path("y/z=1.csv")],
+    }
+    assert parse_delimiter(None, Path("part.tsv.gz")) == "\t"
+    assert parse_delimiter(None, Path("part.csv")) == ","
+    assert parse_delimiter("tab", Path("x")) == "\t" and parse_delimiter("|", Path("x")) == "|"
+    with pytest.raises(PreprocessingError, match="--delimiter"):
+        parse_delimiter("\n", Path("x"))
+
+
+def test_config_from_flags(tmp_path: Path) -> None:
+    path = write(tmp_path, spec_dict())
+    (tmp_path / "t.csv").write_text("")
+    (tmp_path / "e.csv").write_text("")
+    (tmp_path / "more.tsv").write_text("")
+    common = ["--feature_spec", str(path), "--output_dir", str(tmp_path / "out")]
+    args = build_parser().parse_args(
+        [*common, "--input", f"validation={tmp_path / 'more.tsv'}", "--frequency_threshold", "3"]
+    )
+    config = transcode_config(args)
+    assert config.mappings == ("train", "test", "validation")
+    assert config.layout.delimiter == ","  # from the first train file
+    assert config.frequency_thresholds == (3, 3)
+    assert config.shuffle_train and config.numerical_transform.value == "none"
+    missing = build_parser().parse_args([*common, "--input", "train=nowhere.csv"])
+    with pytest.raises(PreprocessingError, match=r"input file nowhere\.csv: expected an existing"):
+        transcode_config(missing)
+    no_train = write(tmp_path, spec_dict(source_spec={}))
+    args = build_parser().parse_args(["--feature_spec", str(no_train), "--output_dir", "o"])
+    with pytest.raises(PreprocessingError, match="--input: expected the files of the 'train'"):
+        transcode_config(args)

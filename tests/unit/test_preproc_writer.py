@@ -1,0 +1,135 @@
+"""Part files written per bucket and joined in order; the output spec layout; the
+report table."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from feature_spec import build_split_binary_spec
+from preproc.layout import (
+    CategoricalColumn,
+    CategoricalKind,
+    InputLayout,
+    NumericalColumn,
+    NumericalKind,
+    criteo_layout,
+)
+from preproc.output_spec import dataset_spec
+from preproc.partition_writer import PartFormat, concatenate_parts, write_partition
+from preproc.report import format_report
+
+CARDINALITIES = (3, 300, 70000)
+DTYPES = ("int8", "int16", "int32")
+
+
+def rows(bucket: int, start: int, count: int) -> list[tuple[object, ...]]:
+    return [
+        (bucket, (start + i) % 3 == 0, float(start + i), -0.5, (start + i) % 3, start + i, 7)
+        for i in range(start, start + count)
+    ]
+
+
+def test_buckets_are_joined_in_order(tmp_path: Path) -> None:
+    part = PartFormat(str(tmp_path / "_parts"), 2, DTYPES, CARDINALITIES, batch_rows=4)
+    # Two tasks: buckets 0 and 3, and bucket 1 (bucket 2 got no rows).
+    first = list(write_partition(part, rows(0, 0, 5) + rows(3, 20, 6)))
+    second = list(write_partition(part, rows(1, 10, 9)))
+    assert [s.rows for s in first + second] == [11, 9]
+    assert concatenate_parts(part, tmp_path) == 3
+    assert not (tmp_path / "_parts").exists()
+    expected = rows(0, 0, 5) + rows(1, 10, 9) + rows(3, 20, 6)
+    label = np.fromfile(tmp_path / "label.bin", dtype=np.bool_)
+    np.testing.assert_array_equal(label, [r[1] for r in expected])
+    numerical = np.fromfile(tmp_path / "numerical.bin", dtype=np.float16).reshape(-1, 2)
+    np.testing.assert_array_equal(numerical[:, 0], [r[2] for r in expected])
+    for i, dtype in enumerate(DTYPES):
+        ids = np.fromfile(tmp_path / f"cat_{i}.bin", dtype=dtype)
+        np.testing.assert_array_equal(ids, [r[4 + i] for r in expected])
+    assert first[0].zero_ids[0] == sum(r[4] == 0 for r in rows(0, 0, 5) + rows(3, 20, 6))
+
+
+def test_saturation_is_counted_and_ids_are_checked(tmp_path: Path) -> None:
+    part = PartFormat(str(tmp_path / "_parts"), 2, DTYPES, CARDINALITIES)
+    data = [(0, True, 1e6, -7e4, 0, 0, 0), (0, False, 65504.0, 1.0, 2, 299, 69999)]
+    (stats,) = write_partition(part, data)
+    assert stats.saturated == [1, 1] and stats.positives == 1
+    concatenate_parts(part, tmp_path)
+    numerical = np.fromfile(tmp_path / "numerical.bin", dtype=np.float16).reshape(-1, 2)
+    assert numerical.tolist() == [[65504.0, -65504.0], [65504.0, 1.0]]
+    with pytest.raises(ValueError, match=r"cat_1: expected ids in \[0, 300\), got 300"):
+        list(write_partition(part, [(0, True, 0.0, 0.0, 0, 300, 0)]))
+
+
+def test_criteo_output_spec_is_the_nvidia_layout(tmp_path: Path) -> None:
+    cardinalities = [5 + i for i in range(25)] + [40000]
+    ours = dataset_spec(criteo_layout(), cardinalities, ("train", "test"), tmp_path, {"a": 1})
+    theirs = build_split_binary_spec(cardinalities, 13, base_directory=tmp_path, metadata={"a": 1})
+    assert ours == theirs
+
+
+def test_own_names_keep_nvidia_file_names(tmp_path: Path) -> None:
+    layout = InputLayout(
+        delimiter=",",
+        fields=("y", "price", "country", "hour"),
+        label_source="y",
+        label_name="y",
+        numerical=(NumericalColumn("price", "price"),),
+        numerical_kind=NumericalKind.FLOAT,
+        categorical=(
+            CategoricalColumn("country", "country", CategoricalKind.TOKEN),
+            CategoricalColumn("hour", "hour", CategoricalKind.ID, 24),
+        ),
+    )
+    spec = dataset_spec(layout, [300, 24], ("train", "validation"), tmp_path, {})
+    files = spec.files("validation")
+    assert files.label == tmp_path / "validation" / "label.bin"
+    assert files.categorical == {
+        "country": tmp_path / "validation" / "cat_0.bin",
+        "hour": tmp_path / "validation" / "cat_1.bin",
+    }
+    assert [f.dtype for f in spec.categorical_features] == ["int16", "int8"]
+
+
+def test_report_table() -> None:
+    report = {
+        "output_dir": "/data",
+        "splits": {
+            "train": {"rows": 1000, "positives": 250, "positive_rate": 0.25},
+            "test": {"rows": 10, "positives": 1, "positive_rate": 0.1},
+        },
+        "malformed": {"field_count": 1, "label": 0, "numerical": 2, "categorical": 0},
+        "malformed_total": 3,
+        "malformed_examples": [{"file": "day_0", "line": 7, "detail": "field 3 (I2): ..."}],
+        "files": [{}, {}],
+        "lines": 1014,
+        "header_lines": 1,
+        "categorical": [
+            {
+                "name": "cat_0",
+                "source": "C1",
+                "kind": "hex",
+                "frequency_threshold": 2,
+                "distinct_in_train": 1234,
+                "cardinality": 99,
+                "dtype": "int8",
+                "oov_rate": {"train": 0.5, "test": 0.25},
+            }
+        ],
+        "numerical": [{"saturated": {"train": 0, "test": 2}}],
+        "numerical_transform": "log",
+        "stages": {
+            "parse": {"seconds": 2.0, "skipped": True},
+            "train": {"seconds": 1.5, "skipped": False},
+        },
+    }
+    text = format_report(json.loads(json.dumps(report)))
+    assert "train  1,000        250         25.00%" in text
+    assert "3 malformed lines skipped (field_count 1, label 0, numerical 2, categorical 0)" in text
+    assert "e.g. day_0:7: field 3 (I2)" in text
+    assert "cat_0        C1          2     1,234           99   int8     50.00%    25.00%" in text
+    assert "2 values clipped to the float16 range" in text
+    assert "stages: parse 2.0 s (earlier run), train 1.5 s" in text
