@@ -7,9 +7,11 @@ import sys
 from collections.abc import Callable, Sequence
 
 from feature_spec import FeatureSpecError
-from preproc.config import DEFAULT_ROWS_PER_PARTITION
+from preproc.config import DEFAULT_ROWS_PER_PARTITION, PipelineConfig
 from preproc.errors import PreprocessingError
-from preproc.spark import SparkSettings, parse_conf_items
+from preproc.pipeline import run_pipeline
+from preproc.report import format_report
+from preproc.spark import SparkSettings, parse_conf_items, start_spark
 
 
 def add_output_flags(parser: argparse.ArgumentParser) -> None:
@@ -91,6 +93,18 @@ def spark_settings(args: argparse.Namespace) -> SparkSettings:
         gpu_pinned_memory=args.gpu_pinned_memory,
         spark_conf=parse_conf_items(args.spark_conf),
     )
+
+
+def run_with_spark(config: PipelineConfig, args: argparse.Namespace) -> int:
+    """Runs the pipeline in a Spark session built from the Spark flags, stops the
+    session whatever happens, and prints the report."""
+    spark = start_spark(spark_settings(args))
+    try:
+        report = run_pipeline(config, spark, progress_interval=args.progress_interval)
+    finally:
+        spark.stop()
+    print(format_report(report))
+    return 0
 
 
 def run_cli(body: Callable[[Sequence[str] | None], int], argv: Sequence[str] | None) -> int:

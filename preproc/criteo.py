@@ -23,13 +23,10 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from feature_spec import TEST_MAPPING, TRAIN_MAPPING
-from preproc.cli import add_output_flags, add_spark_flags, run_cli, spark_settings
+from preproc.cli import add_output_flags, add_spark_flags, run_cli, run_with_spark
 from preproc.config import InputFile, NumericalTransform, PipelineConfig, parse_thresholds
 from preproc.errors import PreprocessingError
 from preproc.layout import criteo_layout
-from preproc.pipeline import run_pipeline
-from preproc.report import format_report
-from preproc.spark import start_spark
 
 VALIDATION_MAPPING = "validation"
 DAY_FILE = re.compile(r"^day_([0-9]+)(\.gz)?$")
@@ -198,15 +195,7 @@ def criteo_config(args: argparse.Namespace) -> PipelineConfig:
 
 def _main(argv: Sequence[str] | None) -> int:
     args = build_parser().parse_args(argv)
-    config = criteo_config(args)
-    settings = spark_settings(args)
-    spark = start_spark(settings)
-    try:
-        report = run_pipeline(config, spark, progress_interval=args.progress_interval)
-    finally:
-        spark.stop()
-    print(format_report(report))
-    return 0
+    return run_with_spark(criteo_config(args), args)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -33,7 +33,7 @@ from feature_spec import (
     FeatureSpec,
     FeatureSpecError,
 )
-from preproc.cli import add_output_flags, add_spark_flags, run_cli, spark_settings
+from preproc.cli import add_output_flags, add_spark_flags, run_cli, run_with_spark
 from preproc.config import (
     InputFile,
     NumericalTransform,
@@ -49,9 +49,6 @@ from preproc.layout import (
     NumericalColumn,
     NumericalKind,
 )
-from preproc.pipeline import run_pipeline
-from preproc.report import format_report
-from preproc.spark import start_spark
 
 CSV_CHUNK = "csv"
 _MAPPING_PREFIX = re.compile(r"^([A-Za-z][A-Za-z0-9_]*)=(.+)$")
@@ -269,14 +266,7 @@ def transcode_config(args: argparse.Namespace) -> PipelineConfig:
 
 def _main(argv: Sequence[str] | None) -> int:
     args = build_parser().parse_args(argv)
-    config = transcode_config(args)
-    spark = start_spark(spark_settings(args))
-    try:
-        report = run_pipeline(config, spark, progress_interval=args.progress_interval)
-    finally:
-        spark.stop()
-    print(format_report(report))
-    return 0
+    return run_with_spark(transcode_config(args), args)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
