@@ -146,14 +146,14 @@ def main(argv: list[str]) -> int:
     # Must precede the TensorFlow import: quiet C++ logs unless the user asked.
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     from dataloading.errors import DatasetError
-    from dlrm.app import DataError, run
+    from dlrm.app import run
     from dlrm.checkpoint import CheckpointError
     from dlrm.trainer import NonFiniteLossError
     from feature_spec import FeatureSpecError
 
     try:
         run(config)
-    except (FeatureSpecError, DatasetError, DataError, CheckpointError) as error:
+    except (FeatureSpecError, DatasetError, CheckpointError) as error:
         print(f"main.py: {error}", file=sys.stderr)
         return 1
     except NonFiniteLossError as error:

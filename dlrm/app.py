@@ -15,6 +15,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from dataloading.errors import DatasetError
 from dataloading.split_binary import InputMode, LastBatch, ShardSpec, SplitBinaryDataset
 from dlrm import metrics
 from dlrm.checkpoint import Checkpoint, CheckpointError
@@ -36,10 +37,6 @@ from dlrm.training_state import (
     save_training_state,
 )
 from feature_spec import TEST_MAPPING, TRAIN_MAPPING, FeatureSpec
-
-
-class DataError(ValueError):
-    """The dataset cannot serve this run (e.g. fewer rows than one batch)."""
 
 
 def model_config_for(spec: FeatureSpec, config: RunConfig) -> ModelConfig:
@@ -176,7 +173,7 @@ def evaluate(session: Session) -> metrics.EvaluationResult:
         last_batch=LastBatch.PAD,
     )
     if test.num_batches == 0:
-        raise DataError(f"{session.config.feature_spec_path}: the test split has no rows")
+        raise DatasetError(f"{session.config.feature_spec_path}: the test split has no rows")
     gather = session.collectives.allgather
     labels, probabilities = [], []
     for batch in test.to_tf_dataset():
@@ -208,7 +205,7 @@ def train(session: Session) -> dict[str, Any]:
     train_data = SplitBinaryDataset(session.spec, TRAIN_MAPPING, session.shard(config.batch_size))
     steps_per_epoch = train_data.num_batches
     if steps_per_epoch == 0:
-        raise DataError(
+        raise DatasetError(
             f"{config.feature_spec_path}: the train split has {train_data.rows} rows, fewer "
             f"than one global batch (--batch_size {config.batch_size})"
         )
