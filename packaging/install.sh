@@ -7,7 +7,8 @@
 #
 # Environment: VENV (default .venv), PYTHON (default python3), WITH_DEV=0 to skip
 # test/lint tools, HOROVOD_WHEEL_CACHE (default .cache/horovod), TENSORFLOW_VARIANT
-# (auto: the CUDA build when nvidia-smi sees a GPU, else the CPU build; cpu; gpu).
+# (auto: the CUDA build when nvidia-smi sees a GPU, else the CPU build; cpu; gpu),
+# WITH_MPI=0 to leave out OpenMPI (Horovod is then built with Gloo only).
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -30,19 +31,27 @@ gpu_present() {
 
 requirements=("$root/requirements.txt")
 [ "$with_dev" = 1 ] && requirements+=("$root/requirements-dev.txt")
-fingerprint="$( {
-    cat "${requirements[@]}" "$root/constraints.txt" "$root"/packaging/*.sh \
-        "$root"/packaging/*.py
-    "$python" --version 2>&1
-    gpu_present && echo gpu
-    command -v mpicxx || true
-} | sha256sum | cut -c1-16)"
+# Everything the installed result depends on; MPI's presence changes the Horovod build.
+fingerprint() {
+    {
+        cat "${requirements[@]}" "$root/constraints.txt" "$root"/packaging/*.sh \
+            "$root"/packaging/*.py
+        "$python" --version 2>&1
+        gpu_present && echo gpu
+        echo "with_mpi=${WITH_MPI:-1}"
+        command -v mpicxx || true
+    } | sha256sum | cut -c1-16
+}
 
 # Sets $build_info to Horovod's build report; true when it lists TensorFlow and Gloo.
 check_horovod() {
     build_info="$(TF_CPP_MIN_LOG_LEVEL=3 "$venv/bin/horovodrun" --check-build 2>/dev/null)" \
         || return 1
-    grep -q '\[X\] TensorFlow' <<<"$build_info" && grep -q '\[X\] Gloo' <<<"$build_info"
+    grep -q '\[X\] TensorFlow' <<<"$build_info" && grep -q '\[X\] Gloo' <<<"$build_info" \
+        || return 1
+    # With an MPI compiler present the build must include MPI (a Gloo-only wheel from
+    # before OpenMPI was installed is rebuilt).
+    ! command -v mpicxx >/dev/null 2>&1 || grep -q '\[X\] MPI' <<<"$build_info"
 }
 
 # Quick re-check for the up-to-date path: Horovod's TensorFlow ops load, with Gloo.
@@ -51,19 +60,23 @@ horovod_loads() {
         'import sys, horovod.tensorflow as h; sys.exit(0 if h.gloo_built() else 1)' 2>/dev/null
 }
 
-if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$fingerprint" ] && horovod_loads; then
+if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$(fingerprint)" ] && horovod_loads; then
     log "up to date ($venv)"
     exit 0
 fi
 
 # --- system packages -------------------------------------------------------------
 # Headers TensorFlow 2.21's C++ API includes (Horovod's build needs them), a C++
-# toolchain and CMake for that build, and Java for Spark.
+# toolchain and CMake for that build, Java for Spark, and OpenMPI so that Horovod is
+# built with MPI as well as Gloo (srun --mpi=pmix on Slurm; WITH_MPI=0 skips it).
 apt_packages=(libhighwayhash-dev libfarmhash-dev g++ cmake make)
+[ "${WITH_MPI:-1}" = 1 ] && apt_packages+=(libopenmpi-dev openmpi-bin)
 command -v java >/dev/null 2>&1 || apt_packages+=(openjdk-17-jre-headless)
 missing=()
 for pkg in "${apt_packages[@]}"; do
-    dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
+    # Only a fully installed package counts (an interrupted apt leaves "half-installed").
+    [ "$(dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null)" = "install ok installed" ] \
+        || missing+=("$pkg")
 done
 if [ ${#missing[@]} -gt 0 ]; then
     sudo=""
@@ -103,12 +116,13 @@ log "pip install ${requirements[*]##*/}"
 if ! check_horovod; then
     "$root/packaging/build_horovod.sh" "$venv"
     if ! check_horovod; then
-        echo "[install] horovodrun --check-build does not list TensorFlow and Gloo:" >&2
+        echo "[install] horovodrun --check-build does not list TensorFlow and Gloo" \
+             "(and MPI, with mpicxx installed):" >&2
         echo "${build_info:-<no output>}" >&2
         exit 1
     fi
 fi
 log "horovod built with: $(grep -oE '\[X\] (TensorFlow|Gloo|MPI|NCCL)' <<<"$build_info" \
     | sed 's/\[X\] //' | sort -u | tr '\n' ' ')"
-echo "$fingerprint" > "$stamp"
+fingerprint > "$stamp"
 log "done ($venv)"
