@@ -15,7 +15,7 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from dlrm.embedding import LocalEmbeddings
+from dlrm.embedding.local import LocalEmbeddings
 from dlrm.interaction import DotInteraction
 
 __all__ = ["Dlrm", "LocalEmbeddings", "ModelConfig", "mlp"]

@@ -1,12 +1,11 @@
 """Embedding tables behind one interface.
 
-`LocalEmbeddings` holds every table on this process. The hybrid-parallel
-implementation offers the same call (ids in, [B, T, D] vectors out) and the same
+`local.LocalEmbeddings` holds every table on this process;
+`sharded.ShardedEmbeddings` executes a `planner.ShardingPlan` across Horovod
+ranks with the same call (ids in, [B, T, D] vectors out) and the same
 `table_slice`/`assign_table_slice` view for checkpoints, so the model, trainer
 and `main.py` do not change when tables are sharded.
+
+This package file imports nothing: the planner is pure Python, and importing it
+(`dlrm.embedding.planner`) must not load TensorFlow or Horovod.
 """
-
-from dlrm.embedding.initializer import initial_table_values
-from dlrm.embedding.local import LocalEmbeddings, TableShardVariable
-
-__all__ = ["LocalEmbeddings", "TableShardVariable", "initial_table_values"]

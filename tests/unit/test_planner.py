@@ -342,3 +342,17 @@ def test_config_errors_name_the_setting(changes: dict[str, Any], message: str) -
 def test_table_spec_rejects_empty_tables() -> None:
     with pytest.raises(PlanError, match="table rows: expected >= 1, got 0"):
         TableSpec(0, 8)
+
+
+def test_importing_the_planner_loads_neither_tensorflow_nor_horovod() -> None:
+    import subprocess
+    import sys
+
+    probe = (
+        "import sys, dlrm.embedding.planner; "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('tensorflow', 'horovod')))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True
+    )
+    assert result.stdout.strip() == "[]"

@@ -9,7 +9,7 @@ import pytest
 import tensorflow as tf
 
 from dlrm.dist import Collectives
-from dlrm.embedding import LocalEmbeddings
+from dlrm.embedding.local import LocalEmbeddings
 from dlrm.embedding.sharded import ShardAssignment, ShardedEmbeddings
 
 CARDINALITIES = (23, 7, 11, 13)
