@@ -194,8 +194,15 @@ class ShardedEmbeddings(keras.layers.Layer):
             return tf.reduce_sum(tf.gather(variable, ids), axis=1)
         local = ids - rows[0]
         inside = tf.logical_and(local >= 0, local < rows[1] - rows[0])
-        vectors = tf.gather(variable, tf.where(inside, local, tf.zeros_like(local)))
-        return tf.reduce_sum(vectors * tf.cast(inside, vectors.dtype)[..., None], axis=1)
+        # Gather only the ids inside the range, so that the gradient lists only rows
+        # that were looked up: a zero-gradient entry for an outside id would still
+        # move lazy Adam's moments of that row, which one process never touches.
+        found = tf.gather(variable, tf.boolean_mask(local, inside))  # [n, width]
+        shape = tf.concat(
+            [tf.shape(ids, out_type=tf.int64), tf.shape(variable, out_type=tf.int64)[1:]], 0
+        )
+        vectors = tf.scatter_nd(tf.where(inside), found, shape)  # [B, h, width]
+        return tf.reduce_sum(vectors, axis=1)
 
     def call(self, ids: Any) -> tf.Tensor:
         world = self.world_size

@@ -2,8 +2,10 @@
 resulting weights, under horovodrun or as one process.
 
 Usage: hybrid_steps.py DATASET OUT STEPS GLOBAL_BATCH RUN...
-RUN is KIND:INPUT_MODE:OPTIMIZER, KIND one of local (LocalEmbeddings, one
-process), data_parallel, table_wise, column_wise, row_wise, mixed. Writes
+RUN is KIND:INPUT_MODE:OPTIMIZER[:VARIANT], KIND one of local (LocalEmbeddings,
+one process), data_parallel, table_wise, column_wise, row_wise, mixed; VARIANT
+fp32 (default), amp (the CPU's mixed_bfloat16 policy) or xla (the dense part
+compiled). Writes
 OUT/<RUN with : as _>/rank<r>.npz: dense weights by name, each shard as
 "table_<t>_<r0>_<r1>_<c0>_<c1>", and the per-step losses.
 """
@@ -19,7 +21,7 @@ from dlrm.dist import create_collectives
 from dlrm.embedding.sharded import ShardAssignment, ShardedEmbeddings
 from dlrm.model import Dlrm, ModelConfig
 from dlrm.optimizers import create_optimizer, variable_name
-from dlrm.precision import Precision
+from dlrm.precision import choose_precision
 from dlrm.schedule import DlrmSchedule, ScheduleConfig
 from dlrm.trainer import Trainer
 from feature_spec import FeatureSpec
@@ -56,13 +58,23 @@ def main() -> None:
     collectives = create_collectives()
     spec = FeatureSpec.load(dataset)
     for run in sys.argv[5:]:
-        kind, input_mode, optimizer = run.split(":")
+        kind, input_mode, optimizer, *variant = run.split(":")
         directory = Path(out) / run.replace(":", "_")
         directory.mkdir(parents=True, exist_ok=True)
-        train(spec, collectives, kind, input_mode, optimizer, int(steps), int(batch), directory)
+        train(
+            spec,
+            collectives,
+            kind,
+            input_mode,
+            optimizer,
+            variant[0] if variant else "fp32",
+            int(steps),
+            int(batch),
+            directory,
+        )
 
 
-def train(spec, collectives, kind, input_mode, optimizer, steps, batch, directory) -> None:
+def train(spec, collectives, kind, input_mode, optimizer, variant, steps, batch, directory) -> None:
     rank, world = collectives.rank, collectives.world_size
     config = ModelConfig(
         len(spec.numerical_features),
@@ -85,14 +97,16 @@ def train(spec, collectives, kind, input_mode, optimizer, steps, batch, director
             seed=1,
             data_parallel_input=data_parallel_input,
         )
-    model = Dlrm(config, embeddings=embeddings, seed=1)
+    precision = choose_precision(variant == "amp", has_gpu=False)
+    model = Dlrm(config, embeddings=embeddings, dtype_policy=precision.dtype_policy, seed=1)
     lr = {"sgd": 0.5, "adagrad": 0.1, "adam": 0.01}[optimizer]
     trainer = Trainer(
         model,
         create_optimizer(optimizer),
         DlrmSchedule(ScheduleConfig(lr)),
-        Precision("float32"),
+        precision,
         batch,
+        use_xla=variant == "xla",
         collectives=collectives,
     )
     collectives.broadcast_variables(trainer.dense_variables)
