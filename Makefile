@@ -23,6 +23,7 @@ lint: install
 	@$(VENV)/bin/ruff check .
 	@$(VENV)/bin/ruff format --check .
 	@$(VENV)/bin/mypy
+	@$(VENV)/bin/hadolint Dockerfile docker/*.Dockerfile
 
 demo: install
 	@echo "make demo: not yet: the end-to-end demo (Spark preprocessing + hybrid-parallel"
