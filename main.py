@@ -15,7 +15,14 @@ import sys
 
 from absl import app, flags
 
-from dlrm.config import INPUT_MODES, MODES, OPTIMIZERS, SHARDING_STRATEGIES, RunConfig
+from dlrm.config import (
+    INPUT_MODES,
+    MODES,
+    OPTIMIZERS,
+    SHARDING_STRATEGIES,
+    ConfigError,
+    RunConfig,
+)
 
 _D = RunConfig.default
 
@@ -86,6 +93,12 @@ flags.DEFINE_enum(
     "model_parallel: a rank reads its tables' ids for the global batch; data_parallel: all "
     "ids of its local rows, exchanged by alltoall.",
 )
+flags.DEFINE_string(
+    "sharding_plan",
+    None,
+    "A sharding plan JSON (e.g. sharding_plan.json of an earlier run) to use instead of "
+    "planning; it must be for this world size and these tables.",
+)
 flags.DEFINE_bool("amp", False, "Mixed precision: bfloat16 on CPU, float16 + loss scaling on GPU.")
 flags.DEFINE_bool("xla", False, "Compile the dense part (MLPs, interaction) with XLA.")
 flags.DEFINE_integer("evals_per_epoch", _D("evals_per_epoch"), "Evaluations per epoch.")
@@ -148,12 +161,16 @@ def main(argv: list[str]) -> int:
     from dataloading.errors import DatasetError
     from dlrm.app import run
     from dlrm.checkpoint import CheckpointError
+    from dlrm.embedding.planner import PlanError
     from dlrm.trainer import NonFiniteLossError
     from feature_spec import FeatureSpecError
 
     try:
         run(config)
-    except (FeatureSpecError, DatasetError, CheckpointError) as error:
+    except ConfigError as error:  # settings that only the run can check (world size)
+        print(f"main.py: invalid flags: {error}", file=sys.stderr)
+        return 2
+    except (FeatureSpecError, DatasetError, CheckpointError, PlanError) as error:
         print(f"main.py: {error}", file=sys.stderr)
         return 1
     except NonFiniteLossError as error:

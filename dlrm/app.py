@@ -21,7 +21,13 @@ from dlrm import metrics
 from dlrm.checkpoint import Checkpoint, CheckpointError
 from dlrm.config import RunConfig, check_world_size
 from dlrm.dist import Collectives, create_collectives
-from dlrm.embedding.planner import PlannerConfig, ShardingPlan, TableSpec, plan_sharding
+from dlrm.embedding.planner import (
+    PlanError,
+    PlannerConfig,
+    ShardingPlan,
+    TableSpec,
+    plan_sharding,
+)
 from dlrm.embedding.sharded import ShardedEmbeddings, assignments_from_plan
 from dlrm.export import export_saved_model
 from dlrm.model import Dlrm, ModelConfig
@@ -92,11 +98,19 @@ class Session:
 def plan_for(
     config: RunConfig, model_config: ModelConfig, spec: FeatureSpec, world_size: int
 ) -> ShardingPlan:
-    """The sharding plan of this run's tables over `world_size` ranks."""
+    """The sharding plan of this run's tables over `world_size` ranks: planned, or
+    read from `--sharding_plan` and checked against this run."""
     tables = [
         TableSpec(rows=rows, dim=config.embedding_dim, hotness=hotness)
         for rows, hotness in zip(model_config.cardinalities, model_config.hotness, strict=True)
     ]
+    if config.sharding_plan:
+        plan = ShardingPlan.load(config.sharding_plan)
+        try:
+            plan.validate(tables, world_size)
+        except PlanError as error:
+            raise PlanError(f"--sharding_plan {config.sharding_plan}: {error}") from error
+        return plan
     slots = {"sgd": 0, "adagrad": 1, "adam": 2}[config.optimizer]
     budget = config.embedding_memory_budget_gib
     return plan_sharding(
@@ -219,6 +233,8 @@ def train(session: Session) -> dict[str, Any]:
         log.print(f"restored {checkpoint.path} at step {start_step}")
     if config.save_checkpoint_path and session.collectives.rank == 0:
         config.write(config.save_checkpoint_path)
+        if session.plan is not None:  # reusable with --sharding_plan
+            session.plan.save(Path(config.save_checkpoint_path) / "sharding_plan.json")
     evals = [
         s
         for s in eval_steps(steps_per_epoch, config.epochs, config.evals_per_epoch)

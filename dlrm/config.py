@@ -84,6 +84,7 @@ class RunConfig:
     row_slice_threshold: int = 2**33
     embedding_memory_budget_gib: float = 0.0  # per rank; 0: no limit
     input_mode: str = "model_parallel"
+    sharding_plan: str | None = None  # a plan JSON to use instead of planning
     # Precision and compilation
     amp: bool = False
     xla: bool = False

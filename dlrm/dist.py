@@ -56,10 +56,23 @@ class Collectives:
 LocalCollectives = Collectives
 
 
+# A rank that stops submitting collectives (stuck, not dead) makes Horovod warn after
+# the check time and shut every rank down after the shutdown time, instead of the
+# others waiting forever. Horovod leaves the shutdown off by default. A rank that
+# dies is handled sooner: its peers' Gloo/MPI connections fail and horovodrun (or
+# srun/mpirun) ends the job. The environment overrides both.
+STALL_DEFAULTS = {
+    "HOROVOD_STALL_CHECK_TIME_SECONDS": "60",
+    "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "900",
+}
+
+
 class HorovodCollectives(Collectives):
     """Horovod's collectives; `hvd.init()` runs on construction."""
 
     def __init__(self) -> None:
+        for name, value in STALL_DEFAULTS.items():
+            os.environ.setdefault(name, value)  # read by hvd.init()
         import horovod.tensorflow as hvd
 
         self._hvd = hvd

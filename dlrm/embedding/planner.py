@@ -25,7 +25,9 @@ import dataclasses
 import itertools
 import json
 import math
+import os
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 DATA_PARALLEL = "data_parallel"
@@ -313,6 +315,24 @@ class ShardingPlan:
     @classmethod
     def from_json(cls, text: str) -> ShardingPlan:
         return cls.from_dict(json.loads(text))
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> ShardingPlan:
+        """Reads a plan file written by `save` (PlanError naming the file)."""
+        try:
+            return cls.from_json(Path(path).read_text())
+        except OSError as error:
+            raise PlanError(f"{path}: cannot read the sharding plan: {error.strerror}") from error
+        except (json.JSONDecodeError, PlanError) as error:
+            raise PlanError(f"{path}: {error}") from error
+
+    def save(self, path: str | os.PathLike[str]) -> Path:
+        """Writes the plan as JSON, through a temporary file (never half-written)."""
+        path = Path(path)
+        temporary = path.with_name(f".{path.name}.partial")
+        temporary.write_text(self.to_json() + "\n")
+        os.replace(temporary, path)
+        return path
 
     def format_table(self) -> str:
         """The plan as text: one line per table, then one per rank, then balance."""

@@ -12,6 +12,7 @@ import pytest
 
 from dataloading.synthetic import generate_split_binary
 from dlrm.checkpoint import Checkpoint
+from dlrm.embedding.planner import PlannerConfig, ShardingPlan, TableSpec, plan_sharding
 from tests.integration.conftest import horovodrun, run
 
 CARDINALITIES = (50, 200, 1000, 30, 5000, 7, 400, 90)
@@ -70,6 +71,23 @@ def test_two_ranks_resume_a_one_rank_checkpoint_like_one_rank(
     one, mixed = tmp_path / "one", tmp_path / "mixed"
     main_py(1, data, "--max_steps=40", f"--save_checkpoint_path={one}")
     main_py(1, data, "--max_steps=20", f"--save_checkpoint_path={mixed}")
+    # A plan with every kind of placement, given to main.py with --sharding_plan.
+    plan = plan_sharding(
+        [TableSpec(rows, 8) for rows in CARDINALITIES],
+        PlannerConfig(
+            world_size=2,
+            data_parallel_threshold=2000,
+            column_slice_threshold=6000,
+            row_slice_threshold=20000,
+        ),
+    )
+    assert {t.kind for t in plan.tables} == {
+        "data_parallel",
+        "table_wise",
+        "column_wise",
+        "row_wise",
+    }
+    plan_file = plan.save(tmp_path / "plan.json")
     # 1 -> 2 ranks: restore the 1-rank checkpoint, reshard, train 20 more steps.
     main_py(
         2,
@@ -77,14 +95,15 @@ def test_two_ranks_resume_a_one_rank_checkpoint_like_one_rank(
         "--max_steps=40",
         f"--save_checkpoint_path={mixed}",
         f"--restore_checkpoint_path={mixed}",
+        f"--sharding_plan={plan_file}",
     )
     two_ranks = summary(mixed / "metrics.jsonl")
     assert two_ranks["world_size"] == 2 and two_ranks["steps_this_run"] == 20
     assert two_ranks["auc"] == pytest.approx(summary(one / "metrics.jsonl")["auc"], abs=1e-5)
     written = Checkpoint(mixed / "step_000000040")
     assert written.manifest["world_size"] == 2
-    kinds = {t["kind"] for t in written.manifest["plan"]["tables"]}
-    assert kinds == {"data_parallel", "table_wise"}
+    assert ShardingPlan.from_dict(written.manifest["plan"]) == plan
+    assert ShardingPlan.load(mixed / "sharding_plan.json") == plan  # reusable as is
     assert_same_checkpoint(Checkpoint(one / "step_000000040"), written)
 
     # 2 -> 1: the 2-rank checkpoint evaluates on one process to the same AUC.

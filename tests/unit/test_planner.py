@@ -356,3 +356,26 @@ def test_importing_the_planner_loads_neither_tensorflow_nor_horovod() -> None:
         [sys.executable, "-c", probe], capture_output=True, text=True, check=True
     )
     assert result.stdout.strip() == "[]"
+
+
+def test_save_and_load_a_plan_file(tmp_path: Any) -> None:
+    plan = plan_sharding(TINY, TINY_CONFIG)
+    path = plan.save(tmp_path / "plan.json")
+    assert ShardingPlan.load(path) == plan
+    assert not list(tmp_path.glob(".*.partial"))
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (None, "cannot read the sharding plan: No such file or directory"),
+        ("{not json", "Expecting property name"),
+        ('{"tables": []}', "not a sharding plan: KeyError\\('world_size'\\)"),
+    ],
+)
+def test_a_bad_plan_file_names_the_file(tmp_path: Any, content: str | None, message: str) -> None:
+    path = tmp_path / "plan.json"
+    if content is not None:
+        path.write_text(content)
+    with pytest.raises(PlanError, match=f"^{path}: .*{message}"):
+        ShardingPlan.load(path)
