@@ -80,6 +80,7 @@ class HorovodCollectives(Collectives):
         self.rank = hvd.rank()
         self.world_size = hvd.size()
         self.local_rank = hvd.local_rank()
+        pin_gpu(self.local_rank)
 
     def alltoall(self, tensor: tf.Tensor, splits: Sequence[int] | tf.Tensor) -> tf.Tensor:
         result = self._hvd.alltoall(tensor, splits=tf.cast(splits, tf.int32))
@@ -109,6 +110,19 @@ class HorovodCollectives(Collectives):
 
     def any_true(self, flag: tf.Tensor) -> tf.Tensor:
         return self._hvd.allreduce(tf.cast(flag, tf.float32), op=self._hvd.Sum) > 0
+
+
+def pin_gpu(local_rank: int) -> None:
+    """One GPU per rank: rank `local_rank` of a node sees only GPU `local_rank`, and
+    allocates its memory as needed (else every rank would claim every GPU). Must
+    run before TensorFlow touches a GPU. No-op without GPUs (not exercised on the
+    CPU-only CI machines)."""
+    gpus = tf.config.list_physical_devices("GPU")
+    if not gpus:
+        return
+    gpu = gpus[local_rank % len(gpus)]
+    tf.config.set_visible_devices(gpu, "GPU")
+    tf.config.experimental.set_memory_growth(gpu, True)
 
 
 def launched_by_horovod() -> bool:
