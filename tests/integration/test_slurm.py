@@ -1,0 +1,200 @@
+"""The `slurm/` batch scripts, submitted to a real one-node Slurm cluster on localhost.
+
+The cluster (munged, slurmctld, slurmd from Debian's slurm-wlm) is started once for
+the module in a temporary directory and stopped at the end, whatever the outcome.
+Each training script trains 2 ranks for a few steps; the checks read what the job
+wrote (job state, metrics log, checkpoint), and every failure message carries the
+end of the job's output file.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from feature_spec import FeatureSpec
+from tests.integration.conftest import REPO, run
+from tests.integration.slurm_cluster import SlurmCluster, install_reason, start_cluster, tail
+
+CARDINALITIES = "23,200,1000,7,5000,90"
+STEPS = 20
+TRAIN_FLAGS = [
+    "--batch_size=512",
+    "--embedding_dim=8",
+    "--bottom_mlp_dims=16,8",
+    "--top_mlp_dims=16,1",
+    f"--max_steps={STEPS}",
+    "--learning_rate=0.1",
+    "--warmup_steps=0",
+    "--decay_start_step=0",
+    "--print_freq=10",
+    # A mixed plan: tables 1000 and 5000 model-parallel (alltoall), the others replicated.
+    "--data_parallel_threshold=500",
+]
+SCRIPT_VARIABLES = frozenset(
+    {
+        "BATCH_SIZE",
+        "CHECKPOINT_DIR",
+        "CONTAINER_IMAGE",
+        "CONTAINER_MOUNTS",
+        "CONTAINER_WORKDIR",
+        "DATASET_PATH",
+        "DLRM_HOME",
+        "DLRM_PYTHON",
+        "DRIVER_MEMORY",
+        "EXECUTOR_MEMORY",
+        "FREQUENCY_THRESHOLD",
+        "HOROVODRUN",
+        "HOROVODRUN_ARGS",
+        "INPUT_DIR",
+        "OUTPUT_DIR",
+        "RESTORE_CHECKPOINT",
+        "SPARK_LOCAL_DIR",
+        "SPARK_MASTER",
+        "SPARK_MASTER_PORT",
+        "SPARK_STANDALONE",
+        "SRUN_ARGS",
+        "SRUN_MPI",
+    }
+)
+# 2 cores run two TensorFlow processes (each ~10 s to import) and the daemons.
+JOB_TIMEOUT = 600.0
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
+    reason = install_reason()  # installs slurm-wlm and munge with apt-get if missing
+    if reason is not None:
+        pytest.skip(reason)
+    started = start_cluster(tmp_path_factory.mktemp("slurm"))  # stops its daemons if it fails
+    try:
+        yield started
+    finally:
+        started.stop()
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("data") / "synthetic"
+    command = [sys.executable, "-m", "dataloading.synthetic", f"--output_dir={path}"]
+    rows = ["--train_rows=20000", "--test_rows=4000", f"--cardinalities={CARDINALITIES}"]
+    result = run([*command, *rows], timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return path
+
+
+def submit(
+    cluster: SlurmCluster,
+    script: str,
+    output: Path,
+    environment: dict[str, str],
+    arguments: list[str],
+    sbatch_options: tuple[str, ...] = ("--ntasks=2",),
+) -> dict[str, str]:
+    """Submits `slurm/<script>` from the repo root (the default DLRM_HOME), waits for
+    the end, and returns `scontrol show job`'s fields. The scripts' variables come
+    from `environment` alone, never from the caller's shell."""
+    inherited = {k: v for k, v in cluster.env.items() if k not in SCRIPT_VARIABLES}
+    job_id = cluster.sbatch(
+        [
+            *sbatch_options,
+            "--nodes=1",
+            "--time=20",
+            f"--output={output}",
+            str(REPO / "slurm" / script),
+            *arguments,
+        ],
+        env={**inherited, "DLRM_PYTHON": sys.executable, **environment},
+        cwd=REPO,
+    )
+    return cluster.wait_for_job(job_id, timeout=JOB_TIMEOUT)
+
+
+def assert_completed(job: dict[str, str], output: Path) -> None:
+    assert (job.get("JobState"), job.get("ExitCode")) == ("COMPLETED", "0:0"), (
+        f"job {job.get('JobId')}: {job.get('JobState')} exit {job.get('ExitCode')}\n{tail(output)}"
+    )
+
+
+def metrics_summary(log: Path, output: Path) -> dict[str, Any]:
+    assert log.is_file(), f"no metrics log {log}\n{tail(output)}"
+    records = [json.loads(line) for line in log.read_text().splitlines()]
+    summaries = [r for r in records if r["event"] == "summary"]
+    assert summaries, f"no summary record in {log}\n{tail(output)}"
+    return summaries[-1]
+
+
+@pytest.mark.parametrize("script", ["train_horovodrun.sbatch", "train_srun.sbatch"])
+def test_training_script_trains_two_ranks_and_checkpoints(
+    cluster: SlurmCluster, dataset: Path, tmp_path: Path, script: str
+) -> None:
+    output, checkpoints = tmp_path / "job.out", tmp_path / "checkpoints"
+    environment = {"DATASET_PATH": str(dataset), "CHECKPOINT_DIR": str(checkpoints)}
+    job = submit(cluster, script, output, environment, TRAIN_FLAGS)
+
+    assert_completed(job, output)
+    summary = metrics_summary(checkpoints / "metrics.jsonl", output)
+    assert summary["world_size"] == 2, f"{summary}\n{tail(output)}"
+    written = sorted(checkpoints.glob("step_*"))
+    assert written, f"no step_* checkpoint in {checkpoints}\n{tail(output)}"
+    manifest = json.loads((written[-1] / "manifest.json").read_text())
+    assert (manifest["step"], manifest["world_size"]) == (STEPS, 2), tail(output)
+    kinds = {table["kind"] for table in manifest["plan"]["tables"]}
+    assert kinds == {"data_parallel", "table_wise"}, f"{kinds}\n{tail(output)}"
+
+
+def test_preprocess_script_writes_a_dataset(cluster: SlurmCluster, tmp_path: Path) -> None:
+    raw, processed, output = tmp_path / "raw", tmp_path / "processed", tmp_path / "job.out"
+    rows_per_day = 1500
+    result = run(
+        [
+            sys.executable,
+            "-m",
+            "dataloading.criteo_tsv",
+            f"--output_dir={raw}",
+            "--days=2",
+            f"--rows_per_day={rows_per_day}",
+        ],
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    environment = {
+        "INPUT_DIR": str(raw),
+        "OUTPUT_DIR": str(processed),
+        "FREQUENCY_THRESHOLD": "2",
+    }
+    arguments = ["--spark_conf", "spark.ui.enabled=false", "--shuffle_partitions=2"]
+    job = submit(cluster, "preprocess.sbatch", output, environment, arguments, ("-c", "2"))
+
+    assert_completed(job, output)
+    spec = FeatureSpec.load(processed, required_mappings=("train", "test"))
+    assert spec.files("train").label.stat().st_size == rows_per_day, tail(output)  # day 0
+    assert spec.files("test").label.stat().st_size == rows_per_day, tail(output)  # day 1
+    assert len(spec.categorical_features) == 26, tail(output)
+
+
+@pytest.mark.parametrize(
+    ("script", "environment", "message"),
+    [
+        ("train_srun.sbatch", {}, "DATASET_PATH is not set"),
+        ("train_horovodrun.sbatch", {"DATASET_PATH": "/nonexistent"}, "has no feature_spec.yaml"),
+        ("preprocess.sbatch", {"INPUT_DIR": "/tmp"}, "OUTPUT_DIR is not set"),
+        (
+            "train_srun.sbatch",
+            {"DATASET_PATH": "/tmp", "DLRM_PYTHON": "/nonexistent/python"},
+            "DLRM_PYTHON=/nonexistent/python is not an executable",
+        ),
+    ],
+)
+def test_scripts_fail_naming_what_is_missing(
+    cluster: SlurmCluster, tmp_path: Path, script: str, environment: dict[str, str], message: str
+) -> None:
+    output = tmp_path / "job.out"
+    job = submit(cluster, script, output, environment, [], ("--ntasks=1",))
+    assert job.get("JobState") == "FAILED" and job.get("ExitCode") == "2:0", tail(output)
+    assert message in output.read_text(), tail(output)
