@@ -1,7 +1,7 @@
 """Training throughput of the default DLRM on this machine, per precision/XLA setting.
 
     python benchmarks/train.py [--batch_size 8192] [--steps 12] [--warmup 3]
-        [--variants fp32,amp,xla,amp+xla] [--output results.json]
+        [--variants fp32,amp,xla,amp+xla] [--np N] [--output results.json]
 
 Generates a synthetic Criteo-shaped dataset (13 numerical, 26 tables) in a
 temporary directory, builds the default model (bottom 512-256-128, embedding
@@ -10,6 +10,12 @@ dim 128, top 1024-1024-512-256-1, SGD) exactly as `main.py` does, and times
 compilation). Prints samples/s and the achieved GFLOP/s of the dense part
 next to the machine's matmul GFLOP/s, measured in the same run, so the figures
 say how far from the hardware's peak a step runs.
+
+With `--np N` it then runs the fp32 model hybrid-parallel under
+`horovodrun --gloo -np N` (and as one process, for comparison) and prints
+samples/s per rank count with the share of step time each rank spent inside
+collectives (alltoalls forward and backward, gradient allreduce), measured by
+timestamps in the compiled step (`benchmarks/timed_collectives.py`).
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ import argparse
 import io
 import json
 import os
+import subprocess
 import sys
 import tempfile
 import time
@@ -32,6 +39,7 @@ from dataloading.split_binary import ShardSpec, SplitBinaryDataset
 from dataloading.synthetic import generate_split_binary
 from dlrm.app import build_session
 from dlrm.config import RunConfig
+from dlrm.dist import create_collectives
 from dlrm.model import ModelConfig
 from dlrm.reporting import MetricsLog
 from feature_spec import FeatureSpec
@@ -100,15 +108,91 @@ def time_variant(
     return steps * batch_size / elapsed, final
 
 
+def rank_worker(dataset: Path, batch_size: int, steps: int, warmup: int, output: Path) -> None:
+    """One rank of the `--np` measurement (under horovodrun, or alone): times
+    `steps` training steps and the collectives inside them; rank 0 writes every
+    rank's figures to `output` as JSON."""
+    from benchmarks.timed_collectives import TimedCollectives
+
+    collectives = TimedCollectives(create_collectives())
+    config = RunConfig(dataset_path=str(dataset), batch_size=batch_size)
+    log = MetricsLog(None, None, console=io.StringIO())
+    session = build_session(config, log, collectives)
+    assert session.trainer is not None and session.spec is not None
+    data = SplitBinaryDataset(session.spec, "train", session.shard(batch_size))
+    batches = list(data.to_tf_dataset().take(steps + warmup))
+    for batch in batches[:warmup]:
+        session.trainer.train_step(batch).numpy()
+    collectives.barrier()
+    collectives.reset()
+    start = time.perf_counter()
+    for batch in batches[warmup:]:
+        session.trainer.train_step(batch).numpy()
+    elapsed = time.perf_counter() - start
+    mine = {"seconds": elapsed, "collective_seconds": float(collectives.seconds.numpy())}
+    ranks = collectives.allgather_object(mine)
+    if collectives.rank == 0:
+        plan = session.plan.to_dict() if session.plan is not None else None
+        result = {"world_size": collectives.world_size, "ranks": ranks, "plan": plan}
+        output.write_text(json.dumps(result) + "\n")
+
+
+def measure_ranks(
+    dataset: Path, world_size: int, batch_size: int, steps: int, warmup: int, work: Path
+) -> dict:
+    """Runs `rank_worker` on `world_size` processes (one plain process for 1)."""
+    output = work / f"ranks_{world_size}.json"
+    command = [
+        sys.executable,
+        __file__,
+        "--worker",
+        str(dataset),
+        "--batch_size",
+        str(batch_size),
+        "--steps",
+        str(steps),
+        "--warmup",
+        str(warmup),
+        "--output",
+        str(output),
+    ]
+    if world_size > 1:
+        horovodrun = Path(sys.executable).parent / "horovodrun"
+        hosts = f"localhost:{world_size}"
+        command = [str(horovodrun), "--gloo", "-np", str(world_size), "-H", hosts, *command]
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    result = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
+    if result.returncode != 0:
+        raise RuntimeError(
+            f"{world_size}-rank run failed ({result.returncode}):\n"
+            f"{result.stdout[-2000:]}{result.stderr[-3000:]}"
+        )
+    return json.loads(output.read_text())
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--batch_size", type=int, default=8192)
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--variants", default=",".join(VARIANTS))
+    parser.add_argument(
+        "--np",
+        type=int,
+        default=0,
+        help="also compare 1 and N ranks under horovodrun (fp32), with the collectives' share",
+    )
     parser.add_argument("--output", type=Path, help="also write the results as JSON")
+    parser.add_argument("--worker", type=Path, help=argparse.SUPPRESS)  # one rank of --np
     args = parser.parse_args()
-    variants = args.variants.split(",")
+    if args.worker:
+        rank_worker(args.worker, args.batch_size, args.steps, args.warmup, args.output)
+        return 0
+    if args.np == 1 or args.np < 0:
+        parser.error(f"--np: expected 0 (off) or >= 2 ranks, got {args.np}")
+    if args.np and args.batch_size % args.np:
+        parser.error(f"--batch_size {args.batch_size}: must divide by --np {args.np}")
+    variants = [v for v in args.variants.split(",") if v]
     unknown = [v for v in variants if v not in VARIANTS]
     if unknown:
         parser.error(f"--variants: unknown {unknown}; expected some of {list(VARIANTS)}")
@@ -154,9 +238,47 @@ def main() -> int:
                 "gflops": achieved,
                 "loss": loss,
             }
+        if args.np:
+            results["ranks"] = compare_ranks(dataset, args, Path(directory))
     if args.output:
         args.output.write_text(json.dumps(results, indent=2) + "\n")
     return 0
+
+
+def compare_ranks(dataset: Path, args: argparse.Namespace, work: Path) -> dict:
+    """Prints and returns samples/s and the collectives' share for 1 and --np ranks."""
+    print(
+        f"\nhybrid parallel, fp32, global batch {args.batch_size}, {args.steps} timed steps "
+        f"(horovodrun --gloo on localhost, {os.cpu_count()} CPUs shared by all ranks)"
+    )
+    print(
+        f"{'ranks':>5} {'samples/s':>11} {'step ms':>8} {'in collectives ms':>18} {'share':>6}"
+        "  plan"
+    )
+    figures = {}
+    for world_size in (1, args.np):
+        result = measure_ranks(dataset, world_size, args.batch_size, args.steps, args.warmup, work)
+        ranks = result["ranks"]
+        step = max(r["seconds"] for r in ranks) / args.steps
+        collective = sum(r["collective_seconds"] for r in ranks) / len(ranks) / args.steps
+        kinds: dict[str, int] = {}
+        for table in (result["plan"] or {}).get("tables", []):
+            kinds[table["kind"]] = kinds.get(table["kind"], 0) + 1
+        plan = ", ".join(f"{n} {k}" for k, n in sorted(kinds.items())) or "-"
+        print(
+            f"{world_size:>5} {args.batch_size / step:>11,.0f} {1000 * step:>8.1f} "
+            f"{1000 * collective:>18.1f} {collective / step:>6.0%}  {plan}",
+            flush=True,
+        )
+        figures[str(world_size)] = {
+            "samples_per_second": args.batch_size / step,
+            "step_seconds": step,
+            "collective_seconds_per_step": collective,
+            "collective_share": collective / step,
+            "per_rank": ranks,
+            "plan_kinds": kinds,
+        }
+    return figures
 
 
 if __name__ == "__main__":

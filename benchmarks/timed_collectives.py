@@ -1,0 +1,102 @@
+"""Collectives that measure the wall time they take, inside the compiled step.
+
+`TimedCollectives` wraps any `Collectives` and brackets each collective the
+training step runs (the embedding alltoalls forward *and* backward, the
+gradient allreduce, the apply/skip vote) with `tf.timestamp()` ops that execute
+with the graph, adding the elapsed seconds to a variable. What it measures is
+the time a rank spends inside collectives, waiting for the slower peer
+included: the share of the step that more ranks on more network would have to
+pay for.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import tensorflow as tf
+
+from dlrm.dist import Collectives
+
+
+class TimedCollectives(Collectives):
+    """Delegates to `inner`; `seconds` accumulates the time spent in its calls."""
+
+    def __init__(self, inner: Collectives) -> None:
+        self.inner = inner
+        self.rank = inner.rank
+        self.world_size = inner.world_size
+        self.local_rank = inner.local_rank
+        self.seconds = tf.Variable(0.0, dtype=tf.float64, trainable=False, name="collectives_s")
+
+    def reset(self) -> None:
+        self.seconds.assign(0.0)
+
+    def _timed(self, inputs: Sequence[Any], call: Any) -> Any:
+        """`call()` with timestamps taken after `inputs` exist and after its result."""
+        with tf.control_dependencies(_tensors(inputs)):
+            start = tf.timestamp()
+        with tf.control_dependencies([start]):
+            result = call()
+        with tf.control_dependencies(_tensors(result)):
+            self.seconds.assign_add(tf.timestamp() - start)
+            return tf.nest.map_structure(_identity, result)
+
+    def alltoall(self, tensor: tf.Tensor, splits: Sequence[int] | tf.Tensor) -> tf.Tensor:
+        if not tensor.dtype.is_floating:  # ids: no gradient
+            return self._timed([tensor], lambda: self.inner.alltoall(tensor, splits))
+
+        @tf.custom_gradient
+        def exchange(values: tf.Tensor) -> Any:
+            with tf.GradientTape() as tape:
+                tape.watch(values)
+                received = self.inner.alltoall(values, splits)
+            result = self._timed([values], lambda: tf.identity(received))
+
+            def backward(upstream: tf.Tensor) -> tf.Tensor:
+                return self._timed(
+                    [upstream],
+                    lambda: tape.gradient(received, values, output_gradients=upstream),
+                )
+
+            return result, backward
+
+        return exchange(tensor)
+
+    def allreduce_sum(self, tensors: Sequence[Any]) -> list[Any]:
+        if not tensors:
+            return []
+        return list(self._timed(list(tensors), lambda: self.inner.allreduce_sum(tensors)))
+
+    def allgather(self, tensor: tf.Tensor) -> tf.Tensor:
+        return self._timed([tensor], lambda: self.inner.allgather(tensor))
+
+    def allgather_object(self, value: Any) -> list[Any]:
+        return self.inner.allgather_object(value)
+
+    def broadcast_object(self, value: Any) -> Any:
+        return self.inner.broadcast_object(value)
+
+    def broadcast_variables(self, variables: Sequence[Any]) -> None:
+        self.inner.broadcast_variables(variables)
+
+    def barrier(self) -> None:
+        self.inner.barrier()
+
+    def any_true(self, flag: tf.Tensor) -> tf.Tensor:
+        return self._timed([flag], lambda: self.inner.any_true(flag))
+
+
+def _tensors(structure: Any) -> list[Any]:
+    """The tensors of `structure` (IndexedSlices count by their values)."""
+    out = []
+    for item in tf.nest.flatten(structure, expand_composites=True):
+        if isinstance(item, tf.Tensor | tf.Variable):
+            out.append(item)
+    return out
+
+
+def _identity(item: Any) -> Any:
+    if isinstance(item, tf.IndexedSlices):
+        return tf.IndexedSlices(tf.identity(item.values), item.indices, item.dense_shape)
+    return tf.identity(item)
