@@ -48,7 +48,7 @@ class ScheduleConfig:
             raise ValueError("--decay_steps: expected > 0 when --decay_start_step is set, got 0")
         if not 0 <= self.end_learning_rate <= self.learning_rate:
             raise ValueError(
-                f"end learning rate: expected in [0, {self.learning_rate}], "
+                f"--decay_end_lr: expected in [0, --learning_rate ({self.learning_rate})], "
                 f"got {self.end_learning_rate}"
             )
 

@@ -39,13 +39,14 @@ REPO = Path(__file__).resolve().parents[1]
 MARKER = ".dlrm-demo"  # marks a directory this script owns and may replace
 
 # A model sized for 2 CPU cores: small MLPs, 16-wide embeddings. Tables of at most
-# 1,024 rows are replicated, larger ones placed whole on one rank, those above 32,768
-# rows sliced by columns over the ranks, so the demo shows hybrid parallelism at work.
+# 1,024 rows are replicated, larger ones placed whole on one rank, those above 8,192
+# rows sliced by columns over the ranks, so the demo shows hybrid parallelism at work
+# (the thresholds count elements: rows x 16).
 TRAIN_FLAGS = [
     "--optimizer=adam",
     "--learning_rate=0.01",
     "--data_parallel_threshold=16384",
-    "--column_slice_threshold=524288",
+    "--column_slice_threshold=131072",
     "--warmup_steps=0",
     "--decay_start_step=0",
     "--embedding_dim=16",

@@ -43,7 +43,7 @@ def test_serialisation_round_trip() -> None:
         ({"learning_rate": 1.0, "warmup_steps": 9, "decay_start_step": 5, "decay_steps": 2},
          "--decay_start_step: expected >= --warmup_steps \\(9\\), got 5"),
         ({"learning_rate": 1.0, "decay_start_step": 5}, "--decay_steps: expected > 0"),
-        ({"learning_rate": 1.0, "end_learning_rate": 2.0}, "end learning rate"),
+        ({"learning_rate": 1.0, "end_learning_rate": 2.0}, "--decay_end_lr: expected in"),
     ],
 )  # fmt: skip
 def test_invalid_config(kwargs: dict, message: str) -> None:
