@@ -1,36 +1,132 @@
 """Patches a Horovod 0.28.1 source tree so that it builds against TensorFlow 2.21.
 
-Why: `horovod/tensorflow/xla_mpi_ops.cc` includes TensorFlow's XLA headers under
-`tensorflow/compiler/xla/...` whenever TENSORFLOW_VERSION >= 2.6. TensorFlow 2.21
-no longer ships those paths, so a CPU build fails there, although everything after
-the includes is already inside `#if HAVE_GPU` (the XLA ops serve GPU builds only).
-The patch moves the GPU guard in front of the includes. It is idempotent: running it
-on a patched tree changes nothing.
+Why, one fix per file (both are needed by the GPU build, HOROVOD_GPU_OPERATIONS=NCCL;
+the CPU build only needs the first):
+
+1. `horovod/tensorflow/xla_mpi_ops.cc` includes TensorFlow's XLA headers under
+   `tensorflow/compiler/xla/...` (e.g. `client/xla_builder.h`) whenever
+   TENSORFLOW_VERSION >= 2.6. TensorFlow 2.21 no longer ships several of them, so the
+   build fails there. The patch disables the whole XLA section (includes and ops) for
+   every build: our design keeps collectives out of XLA, and Horovod's XLA ops are
+   opt-in (HOROVOD_ENABLE_XLA_OPS) anyway.
+2. `horovod/tensorflow/mpi_ops.cc` (GPU code only) gets the CUDA stream of an op via
+   `stream_executor::gpu::AsGpuStreamValue(stream)`, declared by Horovod itself; no
+   library of TensorFlow 2.21 exports that symbol, so `import horovod.tensorflow` would
+   fail at load. The patch replaces each call with what TensorFlow's public header
+   offers, `Stream::platform_specific_handle().stream` (a void*, cast to the CUDA/ROCm
+   stream type), and drops the forward declaration.
+
+Every patch checks that the code it expects is there and fails loudly otherwise, so a
+different Horovod version is not silently mis-patched. It is idempotent: running it on
+a patched tree changes nothing.
 
 Usage: python patch_horovod.py HOROVOD_SOURCE_DIR
 """
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
-ORIGINAL = "#if TENSORFLOW_VERSION >= 2006000000\n"
-PATCHED = "#if TENSORFLOW_VERSION >= 2006000000 && HAVE_GPU  // patched: XLA ops are GPU-only\n"
+XLA_FILE = Path("horovod", "tensorflow", "xla_mpi_ops.cc")
+XLA_ORIGINAL = "#if TENSORFLOW_VERSION >= 2006000000\n"
+XLA_PATCHED = "#if 0 && TENSORFLOW_VERSION >= 2006000000  // patched: XLA ops disabled (TF 2.21)\n"
+
+STREAM_FILE = Path("horovod", "tensorflow", "mpi_ops.cc")
+STREAM_CALL = "stream_executor::gpu::AsGpuStreamValue("
+STREAM_DECLARATION = (
+    "// Forward declaration of AsGpuStreamValue\n"
+    "namespace stream_executor {\n"
+    "namespace gpu {\n"
+    "GpuStreamHandle AsGpuStreamValue(Stream* stream);\n"
+    "} // namespace stream_executor\n"
+    "} // namespace gpu\n"
+)
+STREAM_MARKER = "// patched: GPU stream handles via Stream::platform_specific_handle()\n"
+# An argument usable as the left operand of `->` without parentheses.
+_POSTFIX_EXPRESSION = re.compile(r"[A-Za-z_][\w:]*(?:(?:->|\.)[A-Za-z_]\w*(?:\(\))?)*")
+
+
+class PatchError(SystemExit):
+    """An expected pattern is missing: not the Horovod source this patch was written for."""
+
+
+def _fail(path: Path, what: str) -> PatchError:
+    return PatchError(f"{path}: {what}; is this Horovod 0.28.1? Refusing to patch.")
+
+
+def patch_xla(text: str, path: Path) -> tuple[str, str]:
+    """xla_mpi_ops.cc: the XLA section behind `#if 0`. Returns (new text, what was done)."""
+    if XLA_PATCHED in text:
+        return text, "already patched"
+    if text.count(XLA_ORIGINAL) != 1:
+        raise _fail(
+            path,
+            f"expected exactly one line {XLA_ORIGINAL.strip()!r} to patch, found "
+            f"{text.count(XLA_ORIGINAL)}",
+        )
+    return text.replace(XLA_ORIGINAL, XLA_PATCHED), "patched (XLA section disabled)"
+
+
+def _call_end(text: str, start: int, path: Path) -> int:
+    """Index just past the `)` closing the call whose `(` is at text[start - 1]."""
+    depth = 1
+    for index in range(start, len(text)):
+        if text[index] == "(":
+            depth += 1
+        elif text[index] == ")":
+            depth -= 1
+            if depth == 0:
+                return index + 1
+    raise _fail(path, f"unbalanced parentheses after {STREAM_CALL!r}")
+
+
+def patch_stream(text: str, path: Path) -> tuple[str, str]:
+    """mpi_ops.cc: AsGpuStreamValue(s) -> s->platform_specific_handle().stream."""
+    if STREAM_MARKER in text and "AsGpuStreamValue" not in text:
+        return text, "already patched"
+    if text.count(STREAM_DECLARATION) != 1:
+        raise _fail(path, "expected the forward declaration of AsGpuStreamValue")
+    text = text.replace(STREAM_DECLARATION, STREAM_MARKER)
+    parts: list[str] = []
+    position = calls = 0
+    while (found := text.find(STREAM_CALL, position)) >= 0:
+        argument_start = found + len(STREAM_CALL)
+        end = _call_end(text, argument_start, path)
+        argument = " ".join(text[argument_start : end - 1].split())
+        if not _POSTFIX_EXPRESSION.fullmatch(argument):
+            argument = f"({argument})"
+        parts += [
+            text[position:found],
+            f"static_cast<GpuStreamHandle>({argument}->platform_specific_handle().stream)",
+        ]
+        position = end
+        calls += 1
+    text = "".join([*parts, text[position:]])
+    if calls == 0:
+        raise _fail(path, f"expected calls of {STREAM_CALL[:-1]!r}")
+    if "AsGpuStreamValue" in text:
+        raise _fail(path, "AsGpuStreamValue is still used in a form this patch does not know")
+    return text, f"patched ({calls} AsGpuStreamValue calls -> platform_specific_handle)"
 
 
 def patch(source_dir: Path) -> str:
-    path = source_dir / "horovod" / "tensorflow" / "xla_mpi_ops.cc"
-    text = path.read_text()
-    if PATCHED in text:
-        return f"{path}: already patched"
-    if text.count(ORIGINAL) != 1:
-        raise SystemExit(
-            f"{path}: expected exactly one line {ORIGINAL.strip()!r} to patch, found "
-            f"{text.count(ORIGINAL)}; is this Horovod 0.28.1?"
-        )
-    path.write_text(text.replace(ORIGINAL, PATCHED))
-    return f"{path}: patched (XLA section guarded by HAVE_GPU)"
+    """Applies every patch to the Horovod tree at source_dir; returns what was done.
+
+    All files are checked before any is written, so a failure leaves the tree untouched.
+    """
+    results = []
+    for relative, patch_text in [(XLA_FILE, patch_xla), (STREAM_FILE, patch_stream)]:
+        path = source_dir / relative
+        if not path.is_file():
+            raise _fail(path, "file not found")
+        original = path.read_text()
+        results.append((path, original, *patch_text(original, path)))
+    for path, original, text, _ in results:
+        if text != original:
+            path.write_text(text)
+    return "\n".join(f"{path}: {done}" for path, _, _, done in results)
 
 
 if __name__ == "__main__":

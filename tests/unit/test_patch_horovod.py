@@ -1,0 +1,186 @@
+"""packaging/patch_horovod.py on small synthetic copies of the two Horovod 0.28.1 sources
+it patches (the lines it looks for, copied from the sdist): both fixes applied, a second
+run a no-op, and a loud failure, with nothing written, when an expected pattern is
+missing (another Horovod version)."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[2] / "packaging" / "patch_horovod.py"
+_spec = importlib.util.spec_from_file_location("patch_horovod", SCRIPT)
+assert _spec is not None and _spec.loader is not None
+patch_horovod = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(patch_horovod)
+
+XLA_SOURCE = """\
+#include <memory>
+
+#if TENSORFLOW_VERSION >= 2006000000
+
+#include "tensorflow/compiler/tf2xla/xla_op_kernel.h"
+#include "tensorflow/compiler/xla/client/xla_builder.h"
+
+#if HAVE_GPU
+#include "../common/common.h"
+#endif // HAVE_GPU
+#endif // TENSORFLOW_VERSION >= 2006000000"""
+
+MPI_OPS_SOURCE = """\
+#if HAVE_GPU
+using GpuStreamHandle = cudaStream_t;
+
+// Forward declaration of AsGpuStreamValue
+namespace stream_executor {
+namespace gpu {
+GpuStreamHandle AsGpuStreamValue(Stream* stream);
+} // namespace stream_executor
+} // namespace gpu
+#if TENSORFLOW_VERSION >= 2011000000
+#include "tensorflow/compiler/xla/stream_executor/stream.h"
+#endif // TENSORFLOW_VERSION >= 2011000000
+#endif // HAVE_GPU
+
+void Record() {
+  auto stream = stream_executor::gpu::AsGpuStreamValue(device_context->stream());
+}
+void Zero() {
+    auto stream = (device_context != nullptr) ? ZERO_CALL : 0;
+}
+void Wait() {
+              auto stream = stream_executor::gpu::AsGpuStreamValue(
+                  device_context->stream());
+}
+""".replace("ZERO_CALL", "stream_executor::gpu::AsGpuStreamValue(device_context->stream())")
+
+HANDLE = "static_cast<GpuStreamHandle>(device_context->stream()->platform_specific_handle().stream)"
+
+
+def make_tree(root: Path, xla: str = XLA_SOURCE, mpi_ops: str = MPI_OPS_SOURCE) -> Path:
+    directory = root / "horovod" / "tensorflow"
+    directory.mkdir(parents=True)
+    (directory / "xla_mpi_ops.cc").write_text(xla)
+    (directory / "mpi_ops.cc").write_text(mpi_ops)
+    return root
+
+
+def read(root: Path) -> tuple[str, str]:
+    directory = root / "horovod" / "tensorflow"
+    return (directory / "xla_mpi_ops.cc").read_text(), (directory / "mpi_ops.cc").read_text()
+
+
+def test_disables_the_xla_section(tmp_path: Path) -> None:
+    patch_horovod.patch(make_tree(tmp_path))
+    xla, _ = read(tmp_path)
+    assert xla.startswith("#include <memory>\n\n#if 0 && TENSORFLOW_VERSION >= 2006000000  //")
+    assert xla.count("#if 0") == 1
+    # Only that line changed; the closing #endif is untouched.
+    assert xla.splitlines()[3:] == XLA_SOURCE.splitlines()[3:]
+
+
+def test_replaces_every_as_gpu_stream_value_call(tmp_path: Path) -> None:
+    patch_horovod.patch(make_tree(tmp_path))
+    _, mpi_ops = read(tmp_path)
+    assert "AsGpuStreamValue" not in mpi_ops
+    assert "namespace stream_executor {" not in mpi_ops
+    assert mpi_ops.count(HANDLE) == 3
+    assert f"  auto stream = {HANDLE};\n" in mpi_ops
+    assert f"(device_context != nullptr) ? {HANDLE} : 0;" in mpi_ops
+    assert f"              auto stream = {HANDLE};\n}}" in mpi_ops  # call split over lines
+    assert '#include "tensorflow/compiler/xla/stream_executor/stream.h"' in mpi_ops
+
+
+def test_wraps_a_non_postfix_argument_in_parentheses(tmp_path: Path) -> None:
+    source = MPI_OPS_SOURCE + "auto s = stream_executor::gpu::AsGpuStreamValue(a ? b : c);\n"
+    patch_horovod.patch(make_tree(tmp_path, mpi_ops=source))
+    _, mpi_ops = read(tmp_path)
+    assert "static_cast<GpuStreamHandle>((a ? b : c)->platform_specific_handle().stream)" in (
+        mpi_ops
+    )
+
+
+def test_second_run_changes_nothing(tmp_path: Path) -> None:
+    tree = make_tree(tmp_path)
+    first = patch_horovod.patch(tree)
+    assert "already patched" not in first
+    patched = read(tree)
+    second = patch_horovod.patch(tree)
+    assert read(tree) == patched
+    assert second.splitlines() == [
+        f"{tree / patch_horovod.XLA_FILE}: already patched",
+        f"{tree / patch_horovod.STREAM_FILE}: already patched",
+    ]
+
+
+def test_command_line_prints_what_it_patched(tmp_path: Path) -> None:
+    tree = make_tree(tmp_path)
+    run = subprocess.run(
+        [sys.executable, str(SCRIPT), str(tree)], capture_output=True, text=True, check=True
+    )
+    assert "xla_mpi_ops.cc: patched (XLA section disabled)" in run.stdout
+    assert "mpi_ops.cc: patched (3 AsGpuStreamValue calls" in run.stdout
+
+
+@pytest.mark.parametrize(
+    ("xla", "mpi_ops", "message"),
+    [
+        pytest.param(
+            XLA_SOURCE.replace("2006000000\n", "2007000000\n"),
+            MPI_OPS_SOURCE,
+            "expected exactly one line",
+            id="xla-guard-changed",
+        ),
+        pytest.param(
+            XLA_SOURCE,
+            MPI_OPS_SOURCE.replace("// Forward declaration of AsGpuStreamValue\n", ""),
+            "forward declaration",
+            id="declaration-changed",
+        ),
+        pytest.param(
+            XLA_SOURCE,
+            MPI_OPS_SOURCE.replace("stream_executor::gpu::AsGpuStreamValue(", "Other("),
+            "expected calls",
+            id="no-calls",
+        ),
+        pytest.param(
+            XLA_SOURCE,
+            MPI_OPS_SOURCE + "using stream_executor::gpu::AsGpuStreamValue;\n",
+            "still used",
+            id="unknown-use",
+        ),
+        pytest.param(
+            XLA_SOURCE,
+            MPI_OPS_SOURCE + "x = stream_executor::gpu::AsGpuStreamValue(s;\n",
+            "unbalanced",
+            id="unbalanced",
+        ),
+    ],
+)
+def test_fails_loudly_and_writes_nothing(
+    tmp_path: Path, xla: str, mpi_ops: str, message: str
+) -> None:
+    tree = make_tree(tmp_path, xla, mpi_ops)
+    with pytest.raises(SystemExit, match=message) as failure:
+        patch_horovod.patch(tree)
+    assert "Refusing to patch" in str(failure.value)
+    assert read(tree) == (xla, mpi_ops)
+
+
+def test_fails_loudly_on_a_missing_file(tmp_path: Path) -> None:
+    tree = make_tree(tmp_path)
+    (tree / patch_horovod.STREAM_FILE).unlink()
+    with pytest.raises(SystemExit, match="file not found"):
+        patch_horovod.patch(tree)
+    assert (tree / patch_horovod.XLA_FILE).read_text() == XLA_SOURCE
+
+
+def test_command_line_exits_non_zero_on_failure(tmp_path: Path) -> None:
+    tree = make_tree(tmp_path, xla="// nothing to patch\n")
+    run = subprocess.run([sys.executable, str(SCRIPT), str(tree)], capture_output=True, text=True)
+    assert run.returncode != 0
+    assert "Refusing to patch" in run.stderr
