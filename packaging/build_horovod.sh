@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds Horovod 0.28.1 from its PyPI sdist against the TensorFlow installed in the
 # virtual environment, and installs it. Gloo always; MPI when an MPI compiler is
-# installed (mpicxx); NCCL when CUDA is present (HOROVOD_GPU_OPERATIONS=NCCL).
+# installed (mpicxx) and WITH_MPI is not 0; NCCL when CUDA is present
+# (HOROVOD_GPU_OPERATIONS=NCCL).
 #
 # The wheel is cached under $HOROVOD_WHEEL_CACHE, keyed by everything that changes
 # the binary (Python, TensorFlow, build options, the patch), so a rebuild happens
@@ -18,7 +19,7 @@ cache="${HOROVOD_WHEEL_CACHE:-$here/../.cache/horovod}"
 
 export HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1
 export HOROVOD_WITH_GLOO=1
-if command -v mpicxx >/dev/null 2>&1; then
+if [ "${WITH_MPI:-1}" = 1 ] && command -v mpicxx >/dev/null 2>&1; then
     export HOROVOD_WITH_MPI=1
     unset HOROVOD_WITHOUT_MPI
 else

@@ -51,7 +51,8 @@ check_horovod() {
         || return 1
     # With an MPI compiler present the build must include MPI (a Gloo-only wheel from
     # before OpenMPI was installed is rebuilt).
-    ! command -v mpicxx >/dev/null 2>&1 || grep -q '\[X\] MPI' <<<"$build_info"
+    [ "${WITH_MPI:-1}" != 1 ] || ! command -v mpicxx >/dev/null 2>&1 \
+        || grep -q '\[X\] MPI' <<<"$build_info"
 }
 
 # Quick re-check for the up-to-date path: Horovod's TensorFlow ops load, with Gloo.
