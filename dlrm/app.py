@@ -19,8 +19,8 @@ from dataloading.errors import DatasetError
 from dataloading.split_binary import InputMode, LastBatch, ShardSpec, SplitBinaryDataset
 from dlrm import metrics
 from dlrm.checkpoint import Checkpoint, CheckpointError
-from dlrm.config import RunConfig, check_world_size
-from dlrm.dist import Collectives, create_collectives
+from dlrm.config import ConfigError, RunConfig, check_world_size
+from dlrm.dist import Collectives, create_collectives, launched_by_horovod
 from dlrm.embedding.planner import (
     PlanError,
     PlannerConfig,
@@ -138,6 +138,9 @@ def build_session(
     precision = choose_precision(config.amp, has_gpu())
     plan = None
     embeddings = None
+    if collectives.world_size == 1 and config.sharding_plan:
+        # One process needs no plan, but a given one that does not fit is a mistake.
+        plan_for(config, model_config, spec, 1)
     if collectives.world_size > 1:
         plan = plan_for(config, model_config, spec, collectives.world_size)
         log.print(plan.format_table())
@@ -403,6 +406,11 @@ def run_export(config: RunConfig, log: MetricsLog) -> dict[str, Any]:
 
 def run(config: RunConfig, console: TextIO | None = None) -> dict[str, Any]:
     """Runs `config.mode`; returns the summary record (also logged by rank 0)."""
+    if config.mode == "export" and launched_by_horovod():
+        raise ConfigError(
+            "--mode export: run it as one process (python main.py ...), not under "
+            "horovodrun/srun/mpirun: every rank would write the same SavedModel"
+        )
     collectives = create_collectives() if config.mode != "export" else Collectives()
     check_world_size(config, collectives.world_size)
     log = MetricsLog(

@@ -28,9 +28,12 @@ def horovodrun() -> str:
     return found
 
 
-def run(args: list[str], timeout: float) -> subprocess.CompletedProcess[str]:
-    """Runs a command from the repo root with the venv first on PATH; output captured."""
-    env = dict(os.environ)
+def run(
+    args: list[str], timeout: float, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Runs a command from the repo root with the venv first on PATH and `env` added
+    to the environment; output captured."""
+    env = {**os.environ, **(env or {})}
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
     env["PYTHONPATH"] = str(REPO)
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")

@@ -19,6 +19,7 @@ from dataloading.synthetic import build_teacher, generate_split_binary
 from dataloading.teacher import FeatureSampler
 from dlrm import metrics
 from dlrm.checkpoint import Checkpoint
+from dlrm.embedding.planner import PlannerConfig, TableSpec, plan_sharding
 from dlrm.export import split_categorical
 from dlrm.model import Dlrm, ModelConfig
 from dlrm.training_state import restore_model_weights
@@ -41,8 +42,10 @@ MODEL_FLAGS = [
 ]
 
 
-def main_py(*flags: str, timeout: float = 300) -> tuple[int, str, str]:
-    result = run([sys.executable, "main.py", *flags], timeout=timeout)
+def main_py(
+    *flags: str, timeout: float = 300, env: dict[str, str] | None = None
+) -> tuple[int, str, str]:
+    result = run([sys.executable, "main.py", *flags], timeout=timeout, env=env)
     return result.returncode, result.stdout, result.stderr
 
 
@@ -246,3 +249,30 @@ def test_bad_flags_exit_with_the_flag_named(dataset: Path, flags: list[str], mes
     code, _, stderr = main_py(f"--dataset_path={dataset}", *MODEL_FLAGS, *flags, timeout=60)
     assert code == 2
     assert message in stderr and "Traceback" not in stderr
+
+
+def test_a_sharding_plan_for_two_ranks_is_refused_by_one_process(
+    dataset: Path, tmp_path: Path
+) -> None:
+    spec = FeatureSpec.load(dataset)
+    plan = plan_sharding([TableSpec(rows, 8) for rows in spec.cardinalities], PlannerConfig(2))
+    plan_file = plan.save(tmp_path / "plan.json")
+    code, _, stderr = main_py(
+        f"--dataset_path={dataset}", *MODEL_FLAGS, f"--sharding_plan={plan_file}", timeout=120
+    )
+    assert code == 1
+    message = f"--sharding_plan {plan_file}: the sharding plan is for 2 ranks, this run has 1"
+    assert message in stderr and "Traceback" not in stderr
+
+
+def test_export_refuses_to_run_under_a_launcher(tmp_path: Path) -> None:
+    code, _, stderr = main_py(
+        "--mode=export",
+        f"--restore_checkpoint_path={tmp_path}",
+        f"--saved_model_output_path={tmp_path / 'model'}",
+        env={"HOROVOD_RANK": "1"},  # what horovodrun sets for each rank
+        timeout=120,
+    )
+    assert code == 2
+    assert "--mode export: run it as one process" in stderr and "Traceback" not in stderr
+    assert not (tmp_path / "model").exists()
