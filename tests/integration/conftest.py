@@ -28,19 +28,24 @@ def horovodrun() -> str:
     return found
 
 
-def run(
-    args: list[str], timeout: float, env: dict[str, str] | None = None
-) -> subprocess.CompletedProcess[str]:
-    """Runs a command from the repo root with the venv first on PATH and `env` added
-    to the environment; output captured."""
-    env = {**os.environ, **(env or {})}
+def process_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment of a child process: ours with the venv first on PATH, the repo
+    on PYTHONPATH, TensorFlow's C++ logs quiet, and `extra` added."""
+    env = {**os.environ, **(extra or {})}
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
     env["PYTHONPATH"] = str(REPO)
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    return env
+
+
+def run(
+    args: list[str], timeout: float, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Runs a command from the repo root in `process_env(env)`; output captured."""
     return subprocess.run(
         args,
         cwd=REPO,
-        env=env,
+        env=process_env(env),
         capture_output=True,
         text=True,
         timeout=timeout,

@@ -15,7 +15,7 @@ import pytest
 
 from dataloading.synthetic import generate_split_binary
 from dlrm.embedding.planner import PlannerConfig, TableSpec, plan_sharding
-from tests.integration.conftest import REPO, horovodrun, run
+from tests.integration.conftest import REPO, horovodrun, process_env, run
 
 CARDINALITIES = (40, 300, 7, 1000)
 DIM = 8
@@ -97,8 +97,6 @@ def rank_processes(rank: int, marker: str) -> list[int]:
 def test_a_killed_rank_makes_the_other_exit(dataset: Path, tmp_path: Path) -> None:
     output = tmp_path / "run"
     log = tmp_path / "horovodrun.log"
-    env = dict(os.environ, PYTHONPATH=str(REPO), TF_CPP_MIN_LOG_LEVEL="2")
-    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
     command = two_ranks(
         "main.py",
         f"--dataset_path={dataset}",
@@ -109,7 +107,7 @@ def test_a_killed_rank_makes_the_other_exit(dataset: Path, tmp_path: Path) -> No
     )
     with log.open("w") as sink:
         launcher = subprocess.Popen(
-            command, cwd=REPO, env=env, stdout=sink, stderr=subprocess.STDOUT
+            command, cwd=REPO, env=process_env(), stdout=sink, stderr=subprocess.STDOUT
         )
         try:
             # Wait until both ranks are training: rank 0 has logged a few steps.
