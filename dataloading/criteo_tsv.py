@@ -28,9 +28,9 @@ from typing import IO
 
 import numpy as np
 
-from dataloading.output_dir import publish, start_staging
 from dataloading.synthetic import DEFAULT_CARDINALITIES, build_teacher
 from dataloading.teacher import FeatureSampler, Teacher, splitmix64
+from feature_spec.staged import publish, start_staging
 
 NUM_INTEGER = 13
 NUM_CATEGORICAL = 26
@@ -76,7 +76,7 @@ def generate_criteo_tsv(
             f"cardinalities: expected {NUM_CATEGORICAL} values (C1..C26), got {len(cardinalities)}"
         )
     output = Path(output_dir)
-    staging = start_staging(output, overwrite)
+    staging = start_staging(output, overwrite=overwrite)
     sampler = FeatureSampler(NUM_INTEGER, tuple(cardinalities), (1,) * NUM_CATEGORICAL, exponent)
     teacher = build_teacher(sampler, seed, positive_rate)
     malformed = dict.fromkeys(MALFORMED_KINDS, 0)

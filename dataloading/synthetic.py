@@ -20,9 +20,9 @@ from pathlib import Path
 
 import numpy as np
 
-from dataloading.output_dir import publish, start_staging
 from dataloading.teacher import FeatureSampler, Teacher
 from feature_spec import FeatureSpec, build_split_binary_spec, minimal_categorical_dtype
+from feature_spec.staged import publish, start_staging
 
 # A small default table set: skewed sizes, as in Criteo, but quick to train.
 DEFAULT_CARDINALITIES = (
@@ -79,7 +79,7 @@ def generate_split_binary(
         "teacher_bias": teacher.bias,
     }
     # Everything is validated before anything is written.
-    staging = start_staging(output, overwrite)
+    staging = start_staging(output, overwrite=overwrite)
     spec = build_split_binary_spec(
         cardinalities,
         num_numerical,

@@ -10,7 +10,6 @@ and needs nothing from this project to load: `tf.saved_model.load(path)`.
 from __future__ import annotations
 
 import os
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +17,7 @@ import numpy as np
 import tensorflow as tf
 
 from dlrm.model import Dlrm
+from feature_spec.staged import staged_directory
 
 
 class _ServingModule(tf.Module):
@@ -54,15 +54,16 @@ def split_categorical(categorical: Any, hotness: tuple[int, ...]) -> np.ndarray:
 
 
 def export_saved_model(model: Dlrm, output: str | os.PathLike[str]) -> Path:
-    """Writes `model` as a SavedModel to `output` (atomically: staged, then renamed)."""
-    output = Path(output)
-    staging = output.with_name(f".{output.name}.partial")
-    shutil.rmtree(staging, ignore_errors=True)
+    """Writes `model` as a SavedModel to directory `output`, replacing one there.
+
+    Atomic: the SavedModel is built in `.<name>.partial` beside `output` and
+    renamed into place; a failed export leaves `output` as it was.
+
+    Raises:
+        FileExistsError: `output` exists and is not a directory.
+    """
     module = _ServingModule(model)
-    tf.saved_model.save(
-        module, str(staging), signatures={"serving_default": module.serve.get_concrete_function()}
-    )
-    if output.exists():
-        shutil.rmtree(output)
-    os.replace(staging, output)
-    return output
+    signatures = {"serving_default": module.serve.get_concrete_function()}
+    with staged_directory(output, overwrite=True) as staging:
+        tf.saved_model.save(module, str(staging), signatures=signatures)
+    return Path(output)

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import tempfile
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -29,6 +28,7 @@ import numpy as np
 import yaml
 
 from feature_spec.errors import FeatureSpecError
+from feature_spec.staged import write_file_atomically
 
 LABEL_CHANNEL = "label"
 NUMERICAL_CHANNEL = "numerical"
@@ -232,13 +232,12 @@ class FeatureSpec:
         }
 
     def dump(self, path: str | os.PathLike[str]) -> Path:
-        """Writes the YAML atomically (temporary file, then rename)."""
+        """Writes the YAML atomically (`.<name>.partial` beside it, then renamed)."""
         path = Path(path)
         if path.is_dir():
             path = path / "feature_spec.yaml"
         text = yaml.safe_dump(self.to_dict(), sort_keys=False, default_flow_style=False)
-        write_text_atomically(path, text)
-        return path
+        return write_file_atomically(path, text)
 
     # ----------------------------------------------------------------- queries
 
@@ -312,19 +311,6 @@ class FeatureSpec:
                             f"source_spec.{mapping}[{index}].files: expected an existing "
                             f"file, got {str(path)!r} (missing)"
                         )
-
-
-def write_text_atomically(path: Path, text: str) -> None:
-    """Writes `text` to `path` through a temporary file in the same directory."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as out:
-            out.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
 
 
 # --------------------------------------------------------------------- parsing

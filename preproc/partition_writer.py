@@ -3,9 +3,10 @@
 Runs in Spark's Python workers, so it needs numpy only. A task receives its rows
 sorted by (bucket, order); buckets are consecutive ranges of the final order, and
 all rows of a bucket are in one task. Each bucket is written to
-`<parts>/<bucket>/` (label.bin, numerical.bin, cat_<i>.bin), renamed into place
-when complete, so a retried task replaces it whole. The driver then concatenates
-the buckets' files in bucket order: one file per feature, rows in the final order.
+`<parts>/<bucket>/` (label.bin, numerical.bin, cat_<i>.bin): staged beside it and
+renamed into place when complete, so a retried task replaces it whole and a
+failed one leaves no part. The driver then concatenates the buckets' files in
+bucket order: one file per feature, rows in the final order.
 
 The executors must see the output directory (always true in local mode; on a
 cluster, a shared file system).
@@ -13,17 +14,18 @@ cluster, a shared file system).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-import os
+import itertools
 import shutil
-import uuid
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import numpy as np
 
 from feature_spec.criteo import LABEL_FILE, NUMERICAL_FILE, categorical_name
+from feature_spec.staged import staged_directory
 
 FLOAT16_MAX = float(np.finfo(np.float16).max)
 _COPY_BUFFER = 16 << 20
@@ -77,71 +79,52 @@ class PartStats:
 def write_partition(part: PartFormat, rows: Iterable[Sequence[Any]]) -> Iterator[PartStats]:
     """Writes one task's rows (sorted by bucket) into bucket part directories."""
     stats = PartStats.empty(part)
-    bucket: int | None = None
-    batch: list[Sequence[Any]] = []
-    writer: _BucketWriter | None = None
-    for row in rows:
-        if row[0] != bucket:
-            if writer is not None:
-                writer.write(batch, stats)
-                writer.close()
-            batch = []
-            bucket = int(row[0])
-            writer = _BucketWriter(part, bucket)
-        batch.append(row)
-        if len(batch) >= part.batch_rows:
-            assert writer is not None
-            writer.write(batch, stats)
-            batch = []
-    if writer is not None:
-        writer.write(batch, stats)
-        writer.close()
+    for bucket, bucket_rows in itertools.groupby(rows, key=lambda row: int(row[0])):
+        final = Path(part.parts_dir) / f"{bucket:06d}"
+        # Staged under a name of its own: another attempt of the same task (a
+        # retry, a speculative copy) may be writing this bucket at the same time.
+        # A finished earlier attempt is replaced whole.
+        with staged_directory(final, overwrite=True, unique=True) as staging:
+            _write_bucket(part, staging, bucket_rows, stats)
     yield stats
 
 
-class _BucketWriter:
-    def __init__(self, part: PartFormat, bucket: int) -> None:
-        self.part = part
-        self.final = Path(part.parts_dir) / f"{bucket:06d}"
-        self.staging = Path(part.parts_dir) / f".{bucket:06d}.{uuid.uuid4().hex}"
-        self.staging.mkdir(parents=True)
-        self.files = [open(self.staging / name, "wb") for name in part.file_names]  # noqa: SIM115
+def _write_bucket(
+    part: PartFormat, directory: Path, rows: Iterator[Sequence[Any]], stats: PartStats
+) -> None:
+    with contextlib.ExitStack() as stack:
+        files = [stack.enter_context(open(directory / name, "wb")) for name in part.file_names]
+        while batch := list(itertools.islice(rows, part.batch_rows)):
+            _write_batch(part, files, batch, stats)
 
-    def write(self, batch: list[Sequence[Any]], stats: PartStats) -> None:
-        if not batch:
-            return
-        part = self.part
-        columns = list(zip(*batch, strict=True))
-        label = np.array(columns[1], dtype=np.bool_)
-        arrays: list[np.ndarray] = [label]
-        n_num = part.num_numerical
-        if n_num:
-            values = np.array(columns[2 : 2 + n_num], dtype=np.float64).T
-            saturated = (np.abs(values) > FLOAT16_MAX).sum(axis=0)
-            clipped = np.clip(values, -FLOAT16_MAX, FLOAT16_MAX)
-            arrays.append(clipped.astype(np.float16, order="C"))
-            stats.saturated = [a + int(b) for a, b in zip(stats.saturated, saturated, strict=True)]
-        for i, column in enumerate(columns[2 + n_num :]):
-            ids = np.array(column, dtype=np.int64)
-            cardinality = part.cardinalities[i]
-            if ids.min() < 0 or ids.max() >= cardinality:
-                bad = int(ids[(ids < 0) | (ids >= cardinality)][0])
-                raise ValueError(
-                    f"{categorical_name(i)}: expected ids in [0, {cardinality}), got {bad}"
-                )
-            stats.zero_ids[i] += int(np.count_nonzero(ids == 0))
-            arrays.append(ids.astype(part.categorical_dtypes[i]))
-        for file, array in zip(self.files, arrays, strict=True):
-            array.tofile(file)
-        stats.rows += len(batch)
-        stats.positives += int(np.count_nonzero(label))
 
-    def close(self) -> None:
-        for file in self.files:
-            file.close()
-        if self.final.exists():  # a retried task: replace the earlier attempt whole
-            shutil.rmtree(self.final)
-        os.replace(self.staging, self.final)
+def _write_batch(
+    part: PartFormat, files: Sequence[IO[bytes]], batch: list[Sequence[Any]], stats: PartStats
+) -> None:
+    columns = list(zip(*batch, strict=True))
+    label = np.array(columns[1], dtype=np.bool_)
+    arrays: list[np.ndarray] = [label]
+    n_num = part.num_numerical
+    if n_num:
+        values = np.array(columns[2 : 2 + n_num], dtype=np.float64).T
+        saturated = (np.abs(values) > FLOAT16_MAX).sum(axis=0)
+        clipped = np.clip(values, -FLOAT16_MAX, FLOAT16_MAX)
+        arrays.append(clipped.astype(np.float16, order="C"))
+        stats.saturated = [a + int(b) for a, b in zip(stats.saturated, saturated, strict=True)]
+    for i, column in enumerate(columns[2 + n_num :]):
+        ids = np.array(column, dtype=np.int64)
+        cardinality = part.cardinalities[i]
+        if ids.min() < 0 or ids.max() >= cardinality:
+            bad = int(ids[(ids < 0) | (ids >= cardinality)][0])
+            raise ValueError(
+                f"{categorical_name(i)}: expected ids in [0, {cardinality}), got {bad}"
+            )
+        stats.zero_ids[i] += int(np.count_nonzero(ids == 0))
+        arrays.append(ids.astype(part.categorical_dtypes[i]))
+    for file, array in zip(files, arrays, strict=True):
+        array.tofile(file)
+    stats.rows += len(batch)
+    stats.positives += int(np.count_nonzero(label))
 
 
 def concatenate_parts(part: PartFormat, output_dir: Path) -> int:

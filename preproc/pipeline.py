@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from dataloading.files import SplitBinaryFiles
 from feature_spec import TRAIN_MAPPING, FeatureSpec, minimal_categorical_dtype
-from feature_spec.spec import write_text_atomically
+from feature_spec.staged import write_file_atomically
 from preproc.config import PipelineConfig
 from preproc.encode import Ordering, encode, order_columns, plan_partitions, write_ordered
 from preproc.errors import PreprocessingError
@@ -351,7 +351,7 @@ class _Run:
                     f"{self.out / mapping}: holds {rows} rows, expected {splits[mapping]['rows']}"
                 )
         report = build_report(config, spec, parse, vocabulary, splits, self.timings)
-        write_text_atomically(self.out / REPORT_FILE, json.dumps(report, indent=1) + "\n")
+        write_file_atomically(self.out / REPORT_FILE, json.dumps(report, indent=1) + "\n")
         spec.dump(self.out / SPEC_FILE)
         FeatureSpec.load(self.out, required_mappings=config.mappings)  # reads back as the loader
         dataset = self.stages["dataset"]

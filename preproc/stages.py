@@ -4,8 +4,8 @@ by renaming it into place with a `_SUCCESS` marker inside.
 The marker is JSON: the stage's fingerprint (a hash of everything its output
 depends on: settings, input files, upstream fingerprints), its duration and a
 summary that later stages and the report read. A rerun skips a stage whose marker
-holds the same fingerprint; an interrupted stage leaves only its staging directory
-(`.<name>.partial`, no marker), which the next run clears.
+holds the same fingerprint. A stage that fails removes its staging directory
+(`.<name>.partial`); one killed leaves it, with no marker, and the next run clears it.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from dataloading.output_dir import publish, start_staging
+from feature_spec.staged import staged_directory, write_file_atomically
 from preproc.errors import PreprocessingError
 
 SUCCESS = "_SUCCESS"
@@ -61,9 +61,7 @@ def read_marker(directory: Path) -> Marker | None:
 
 def write_marker(directory: Path, marker: Marker) -> None:
     text = json.dumps(dataclasses.asdict(marker), indent=1, sort_keys=True)
-    tmp = directory / f".{SUCCESS}.tmp"
-    tmp.write_text(text + "\n")
-    tmp.replace(directory / SUCCESS)
+    write_file_atomically(directory / SUCCESS, text + "\n")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,10 +100,9 @@ class Stage:
 
     def run(self, body: Callable[[Path], dict[str, Any]]) -> Marker:
         """Runs `body(staging_dir)` and publishes the directory with its summary."""
-        staging = start_staging(self.directory, overwrite=True)
-        start = time.monotonic()
-        summary = body(staging)
-        marker = Marker(self.name, self.fingerprint, time.monotonic() - start, summary)
-        write_marker(staging, marker)
-        publish(staging, self.directory)
+        with staged_directory(self.directory, overwrite=True) as staging:
+            start = time.monotonic()
+            summary = body(staging)
+            marker = Marker(self.name, self.fingerprint, time.monotonic() - start, summary)
+            write_marker(staging, marker)
         return marker
