@@ -2,10 +2,19 @@
 
     python benchmarks/loader.py [--dataset_path DIR] [--rows 4000000]
         [--global_batch_size 65536] [--world_size 1] [--input_mode model_parallel]
+        [--check_batch_sizes 8192,65536] [--train_steps N]
 
 Without --dataset_path, a synthetic Criteo-shaped dataset (13 numerical, 26
 tables) is generated in a temporary directory first. Files are read once before
 timing so that the figure is the page-cache rate, not the disk's.
+
+Also prints the cost of the per-batch id check (ids in [0, cardinality)): loader
+samples/s with the check on and off, the check's own time per global batch (every
+table, every row of the batch: the sum over ranks) for each of
+`--check_batch_sizes`, and that time as a share of a training step of the default
+fp32 model at batch 8192. The step is measured over `--train_steps` steps (by
+default 5 on generated data; 0, the default with --dataset_path, whose tables may
+be too big to build here, compares with the reference 9,300 samples/s instead).
 """
 
 from __future__ import annotations
@@ -23,9 +32,15 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import numpy as np
 import tensorflow as tf
 
+from dataloading.files import SplitBinaryFiles, check_id_rows
 from dataloading.split_binary import InputMode, ShardSpec, SplitBinaryDataset
 from dataloading.synthetic import generate_split_binary
 from feature_spec import FeatureSpec
+
+# fp32 training samples/s of the default model at batch 8192 on the project's
+# 2-core reference machine, for when no step is measured.
+REFERENCE_TRAIN_SAMPLES_PER_SECOND = 9300.0
+STEP_BATCH_SIZE = 8192
 
 
 def warm_page_cache(spec: FeatureSpec, mapping: str) -> int:
@@ -51,6 +66,43 @@ def measure(dataset: SplitBinaryDataset, epochs: int) -> tuple[float, int]:
     return best, batches
 
 
+def time_id_check(
+    spec: FeatureSpec,
+    mapping: str,
+    batch_size: int,
+    tables: tuple[int, ...] | None = None,
+    batches: int = 8,
+) -> float:
+    """Median seconds of the per-batch id check of `batch_size` rows of `tables`
+    (default: every table, what all ranks together spend on a global batch)."""
+    files = SplitBinaryFiles.open(spec, mapping)
+    categorical = spec.categorical_features
+    tables = tuple(range(len(categorical))) if tables is None else tables
+    maps = {t: files.categorical[categorical[t].name].memmap() for t in tables}
+    times = []
+    for index in range(max(1, min(batches, files.rows // batch_size))):
+        start = index * batch_size
+        # In memory, as read_batch has them when it checks.
+        columns = {t: np.array(m[start : start + batch_size]) for t, m in maps.items()}
+        for _ in range(5):
+            begin = time.perf_counter()
+            for t, column in columns.items():
+                feature = categorical[t]
+                check_id_rows(column, start, files.categorical[feature.name], feature, t)
+            times.append(time.perf_counter() - begin)
+    return float(np.median(times))
+
+
+def time_train_step(path: Path, steps: int) -> float:
+    """Seconds of one fp32 training step of the default model at STEP_BATCH_SIZE."""
+    from benchmarks.train import time_variant
+
+    samples_per_second, _loss = time_variant(
+        path, STEP_BATCH_SIZE, amp=False, xla=False, steps=steps, warmup=2
+    )
+    return STEP_BATCH_SIZE / samples_per_second
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--dataset_path", type=Path)
@@ -61,7 +113,22 @@ def main() -> None:
         "--input_mode", choices=[m.value for m in InputMode], default=InputMode.MODEL_PARALLEL.value
     )
     parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument(
+        "--check_batch_sizes",
+        type=lambda text: [int(v) for v in text.split(",")],
+        default=[8192, 65536],
+        help="global batch sizes at which to time the id check alone",
+    )
+    parser.add_argument(
+        "--train_steps",
+        type=int,
+        help="training steps timed to compare the id check with (0: compare with the "
+        "reference 9,300 samples/s); default 5 on generated data, 0 with --dataset_path",
+    )
     args = parser.parse_args()
+    train_steps = args.train_steps
+    if train_steps is None:
+        train_steps = 0 if args.dataset_path is not None else 5
 
     with tempfile.TemporaryDirectory() as tmp:
         path = args.dataset_path
@@ -77,9 +144,17 @@ def main() -> None:
             tuple(range(0, tables, args.world_size)) if mode == InputMode.MODEL_PARALLEL else None
         )
         shard = ShardSpec(args.global_batch_size, 0, args.world_size, local_tables, mode)
-        dataset = SplitBinaryDataset(spec, "train", shard)
-        rate, batches = measure(dataset, args.epochs)
+        datasets = {
+            check: SplitBinaryDataset(spec, "train", shard, check_batch_ids=check)
+            for check in (True, False)
+        }
+        rates = dict.fromkeys(datasets, 0.0)
+        for _ in range(args.epochs):  # alternated, so that both see the same machine load
+            for check, dataset in datasets.items():
+                epoch_rate, batches = measure(dataset, 1)
+                rates[check] = max(rates[check], epoch_rate)
         read_tables = len(dataset.tables)
+        rate = rates[True]
         print(
             f"loader: {rate:,.0f} samples/s  ({rate / 1e6:.2f} M samples/s; rank 0 of "
             f"{args.world_size}, {mode.value} input, {read_tables}/{tables} tables, global batch "
@@ -87,6 +162,41 @@ def main() -> None:
             f"page cache, {os.cpu_count()} CPUs, TensorFlow {tf.__version__}, "
             f"numpy {np.__version__})"
         )
+        # The check's own time is a steadier figure than the on/off difference of two
+        # throughputs, which varies with the machine's load.
+        check_seconds = time_id_check(spec, "train", args.global_batch_size, local_tables)
+        loader_seconds = args.global_batch_size / rates[True]
+        print(
+            f"loader without the id check: {rates[False]:,.0f} samples/s (on/off difference "
+            f"{100 * (1 - rates[True] / rates[False]):+.1f} %); the check alone takes "
+            f"{check_seconds * 1e3:.3f} ms of the loader's {loader_seconds * 1e3:.1f} ms per "
+            f"batch ({100 * check_seconds / loader_seconds:.1f} %)"
+        )
+        # Training steps at STEP_BATCH_SIZE, seconds: the reference, and one measured here.
+        steps = {"reference": STEP_BATCH_SIZE / REFERENCE_TRAIN_SAMPLES_PER_SECOND}
+        if train_steps > 0:
+            steps["measured"] = time_train_step(path, train_steps)
+        print(
+            f"training step (default model, fp32, batch {STEP_BATCH_SIZE}): "
+            + "; ".join(
+                f"{name} {seconds * 1e3:,.0f} ms ({STEP_BATCH_SIZE / seconds:,.0f} samples/s)"
+                for name, seconds in steps.items()
+            )
+            + (f" (measured over {train_steps} steps)" if train_steps > 0 else "")
+        )
+        for batch_size in args.check_batch_sizes:
+            seconds = time_id_check(spec, "train", batch_size)
+            # A step's time grows about linearly with the batch at these sizes.
+            scale = batch_size / STEP_BATCH_SIZE
+            shares = ", ".join(
+                f"{100 * seconds / (step * scale):.2g} % of a {name} step"
+                for name, step in steps.items()
+            )
+            print(
+                f"id check, {tables} tables x {batch_size:,} rows: {seconds * 1e3:.3f} ms per "
+                f"global batch = {shares}"
+                + ("" if scale == 1 else " (step scaled linearly to this batch)")
+            )
 
 
 if __name__ == "__main__":

@@ -11,20 +11,36 @@ batch size G, world size W and local batch L = G / W, batch b of rank r holds:
 
 A last batch with fewer than G rows is dropped, or padded with zero rows whose
 weight is 0, as `last_batch` says.
+
+Each batch's ids are checked against their table's cardinality as they are read
+(a GPU lookup of an id outside the table silently returns zeros): an id outside
+[0, cardinality) raises DatasetError naming the table, the file, the row and the
+value. Inside tf.data that error arrives wrapped in a TensorFlow error; iterate
+with `SplitBinaryDataset.batches` (or `raise_dataset_errors`) to get the
+DatasetError back.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import enum
-from typing import Any, NamedTuple
+import re
+from collections.abc import Iterable, Iterator
+from typing import Any, NamedTuple, TypeVar
 
 import numpy as np
 import tensorflow as tf
 
 from dataloading.errors import DatasetError
-from dataloading.files import SplitBinaryFiles
+from dataloading.files import SplitBinaryFiles, check_id_rows
 from feature_spec import FeatureSpec
+
+T = TypeVar("T")
+
+# Brackets a DatasetError's message inside the TensorFlow error that carries it out
+# of tf.numpy_function, so that `raise_dataset_errors` can find it again.
+_ERROR_START, _ERROR_END = "<<DatasetError>>", "<</DatasetError>>"
+_ERROR_PATTERN = re.compile(re.escape(_ERROR_START) + "(.*?)" + re.escape(_ERROR_END), re.DOTALL)
 
 
 class InputMode(str, enum.Enum):
@@ -92,6 +108,21 @@ class SplitBinaryDataset:
 
     Whole batches are read as raw bytes from memory-mapped files (page cache),
     converted with vectorised numpy/TensorFlow ops and prefetched.
+
+    Args:
+        spec: the dataset's FeatureSpec.
+        mapping: which split to read ("train", "test").
+        shard: which part of each global batch this rank reads.
+        last_batch: drop or pad a last batch with fewer than G rows.
+        check_batch_ids: check the ids of every batch read against the cardinality
+            of their table (one min and one max per table and batch; only the
+            tables this rank reads, for the rows it reads them).
+        check_file_ids: check every id of the files of this rank's tables once,
+            when the dataset is built (a scan of whole files).
+
+    Raises:
+        DatasetError: files that do not match the spec; with `check_file_ids`, an
+            id out of range.
     """
 
     def __init__(
@@ -100,7 +131,8 @@ class SplitBinaryDataset:
         mapping: str,
         shard: ShardSpec,
         last_batch: LastBatch | str = LastBatch.DROP,
-        check_ids: bool = False,
+        check_batch_ids: bool = True,
+        check_file_ids: bool = False,
     ) -> None:
         self.spec = spec
         self.mapping = mapping
@@ -120,7 +152,8 @@ class SplitBinaryDataset:
                 )
         self.tables = tables
         self.table_features = tuple(categorical[t] for t in tables)
-        if check_ids:
+        self.check_batch_ids = check_batch_ids
+        if check_file_ids:
             self.files.check_ids(spec, [f.name for f in self.table_features])
         self._one_hot = all(f.hotness == 1 for f in self.table_features)
         self._maps: dict[str, np.ndarray] | None = None
@@ -155,7 +188,12 @@ class SplitBinaryDataset:
         return self._maps
 
     def read_batch(self, index: int) -> Batch:
-        """Batch `index` as numpy arrays (the raw dtypes converted as in `Batch`)."""
+        """Batch `index` as numpy arrays (the raw dtypes converted as in `Batch`).
+
+        Raises:
+            DatasetError: `index` out of range; with `check_batch_ids`, an id of
+                the batch outside [0, cardinality) of its table.
+        """
         if not 0 <= index < self.num_batches:
             raise DatasetError(
                 f"batch index: expected 0 <= index < {self.num_batches}, got {index}"
@@ -179,6 +217,13 @@ class SplitBinaryDataset:
         else:
             cat_start, cat_rows = local_start, local
         columns = [_rows(maps[f.name], cat_start, cat_rows) for f in self.table_features]
+        if self.check_batch_ids:
+            # Padding rows past the end of the file are id 0: always in range.
+            for table, feature, column in zip(
+                self.tables, self.table_features, columns, strict=True
+            ):
+                file = self.files.categorical[feature.name]
+                check_id_rows(column, cat_start, file, feature, table)
         categorical: Any
         if self._one_hot:
             categorical = np.empty((cat_rows, len(columns)), np.int32)
@@ -195,7 +240,12 @@ class SplitBinaryDataset:
 
     def to_tf_dataset(self, prefetch: int = tf.data.AUTOTUNE, start: int = 0) -> tf.data.Dataset:
         """A dataset of `Batch`es of tensors, one element per global batch, from
-        batch `start` (where a resumed run continues) to the end."""
+        batch `start` (where a resumed run continues) to the end.
+
+        A DatasetError raised while reading reaches its iterator as a TensorFlow
+        error (`tf.errors.InvalidArgumentError`); `batches`, or iterating through
+        `raise_dataset_errors`, turns it back into the DatasetError.
+        """
         if not 0 <= start <= self.num_batches:
             raise DatasetError(
                 f"start batch: expected 0 <= start <= {self.num_batches}, got {start}"
@@ -212,7 +262,10 @@ class SplitBinaryDataset:
         dtypes = [tf.float32] + [tf.int32] * len(cat_shapes) + [tf.float32, tf.float32]
 
         def read(index: np.ndarray) -> list[np.ndarray]:
-            batch = self.read_batch(int(index))
+            try:
+                batch = self.read_batch(int(index))
+            except DatasetError as error:
+                raise DatasetError(f"{_ERROR_START}{error}{_ERROR_END}") from error
             cats = [batch.categorical] if self._one_hot else list(batch.categorical)
             return [batch.numerical, *cats, batch.label, batch.weight]
 
@@ -226,6 +279,37 @@ class SplitBinaryDataset:
         dataset = tf.data.Dataset.range(start, self.num_batches)
         dataset = dataset.map(to_batch, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
         return dataset.prefetch(prefetch)
+
+    def batches(self, start: int = 0) -> Iterator[Batch]:
+        """Iterates `to_tf_dataset(start=start)`; a read error raises DatasetError.
+
+        Raises:
+            DatasetError: as `read_batch` (e.g. an id out of range), with its message.
+        """
+        return raise_dataset_errors(self.to_tf_dataset(start=start))
+
+
+def raise_dataset_errors(elements: Iterable[T]) -> Iterator[T]:
+    """Yields `elements` (e.g. a dataset made by `to_tf_dataset`, repeated or
+    taken from); a TensorFlow error that carries a DatasetError raised while
+    reading is raised as that DatasetError.
+
+    Raises:
+        DatasetError: with the message of the error raised in `read_batch`.
+    """
+    iterator = iter(elements)
+    while True:
+        try:
+            element = next(iterator)
+        except StopIteration:
+            return
+        except tf.errors.OpError as error:
+            found = _ERROR_PATTERN.search(error.message)
+            if found is None:
+                raise
+            # The TensorFlow error adds only TensorFlow's frames around the message.
+            raise DatasetError(found.group(1)) from None
+        yield element
 
 
 def _rows(data: np.ndarray, start: int, count: int) -> np.ndarray:

@@ -14,6 +14,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from feature_spec.staged import write_file_atomically
+
 MODES = ("train", "eval", "inference", "export")
 INPUT_MODES = ("model_parallel", "data_parallel")
 SHARDING_STRATEGIES = ("cost", "memory_balanced", "basic")
@@ -60,6 +62,7 @@ class RunConfig:
     mode: str = "train"
     dataset_path: str | None = None
     feature_spec: str = "feature_spec.yaml"
+    check_ids: bool = True  # ids in [0, cardinality), per batch in the loader
     # Optimisation
     batch_size: int = 65536
     valid_batch_size: int | None = None
@@ -156,13 +159,9 @@ class RunConfig:
         return values
 
     def write(self, directory: str | os.PathLike[str]) -> Path:
-        """Writes the resolved config as `config.json` in `directory`."""
-        path = Path(directory) / "config.json"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        temporary = path.with_name(f".{path.name}.partial")
-        temporary.write_text(json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n")
-        os.replace(temporary, path)
-        return path
+        """Writes the resolved config as `config.json` in `directory` (atomically)."""
+        text = json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n"
+        return write_file_atomically(Path(directory) / "config.json", text)
 
 
 def _require(condition: bool, message: str) -> None:

@@ -200,19 +200,135 @@ def test_row_counts_differ(dataset_dir: Path, tmp_path: Path) -> None:
     assert f"got {TRAIN_ROWS - 3} rows" in message
 
 
-def test_id_out_of_range_checked_on_request(dataset_dir: Path, tmp_path: Path) -> None:
-    spec = copy_dataset(dataset_dir, tmp_path / "d")
-    path = spec.files("train").categorical["cat_1"]  # cardinality 7, int8
-    ids = np.fromfile(path, dtype=np.int8)
-    ids[517] = 7
+def overwrite_id(spec: FeatureSpec, name: str, row: int, value: int) -> Path:
+    """Sets the id of `row` of feature `name` (first id of a multi-hot row) in
+    the train split; returns the file's path."""
+    feature = next(f for f in spec.categorical_features if f.name == name)
+    path = spec.files("train").categorical[name]
+    ids = np.fromfile(path, dtype=feature.dtype)
+    ids[row * feature.hotness] = value
     ids.tofile(path)
-    SplitBinaryDataset(spec, "train", ShardSpec(GLOBAL_BATCH))  # not checked by default
+    return path
+
+
+def assert_names_bad_id(
+    message: str, path: Path, table: int, name: str, row: int, value: int, cardinality: int
+) -> None:
+    assert str(path) in message
+    assert f"table {table} (feature {name!r})" in message
+    assert f"row {row}:" in message
+    assert f"expected ids in [0, {cardinality}), got {value}" in message
+
+
+def test_id_out_of_range_in_whole_files_on_request(dataset_dir: Path, tmp_path: Path) -> None:
+    spec = copy_dataset(dataset_dir, tmp_path / "d")
+    path = overwrite_id(spec, "cat_1", 517, 7)  # cardinality 7, int8
+    SplitBinaryDataset(spec, "train", ShardSpec(GLOBAL_BATCH))  # files not scanned by default
     with pytest.raises(DatasetError) as info:
-        SplitBinaryDataset(spec, "train", ShardSpec(GLOBAL_BATCH), check_ids=True)
+        SplitBinaryDataset(spec, "train", ShardSpec(GLOBAL_BATCH), check_file_ids=True)
+    assert_names_bad_id(str(info.value), path, 1, "cat_1", 517, 7, 7)
+
+
+# (table, row, value): just too large in an int8 table, negative in an int32 table,
+# in the last row of the last full batch, the int8 maximum in the first row.
+BAD_IDS = [
+    (1, 517, 7),
+    (3, 70, -1),
+    (2, TRAIN_ROWS // GLOBAL_BATCH * GLOBAL_BATCH - 1, 300),
+    (4, 0, 127),
+]
+
+
+@pytest.mark.parametrize(("table", "row", "value"), BAD_IDS)
+def test_batch_with_id_out_of_range_raises(
+    dataset_dir: Path, tmp_path: Path, table: int, row: int, value: int
+) -> None:
+    spec = copy_dataset(dataset_dir, tmp_path / "d")
+    name = f"cat_{table}"
+    path = overwrite_id(spec, name, row, value)
+    dataset = SplitBinaryDataset(spec, "train", ShardSpec(GLOBAL_BATCH))
+    bad_batch = row // GLOBAL_BATCH
+    for index in range(dataset.num_batches):
+        if index != bad_batch:
+            dataset.read_batch(index)
+    with pytest.raises(DatasetError) as info:
+        dataset.read_batch(bad_batch)
+    assert_names_bad_id(str(info.value), path, table, name, row, value, CARDINALITIES[table])
+    with pytest.raises(DatasetError) as info:
+        for _batch in dataset.batches():
+            pass
+    assert_names_bad_id(str(info.value), path, table, name, row, value, CARDINALITIES[table])
+
+
+def test_tf_dataset_error_carries_the_message(dataset_dir: Path, tmp_path: Path) -> None:
+    import tensorflow as tf
+
+    from dataloading.split_binary import raise_dataset_errors
+
+    spec = copy_dataset(dataset_dir, tmp_path / "d")
+    path = overwrite_id(spec, "cat_1", 517, 7)
+    dataset = SplitBinaryDataset(spec, "train", ShardSpec(GLOBAL_BATCH))
+    # Iterated directly, the error is TensorFlow's, its message inside.
+    with pytest.raises(tf.errors.InvalidArgumentError, match="row 517"):
+        list(dataset.to_tf_dataset())
+    # Through raise_dataset_errors, also after repeat/take and as numpy.
+    for elements in (
+        dataset.to_tf_dataset().repeat().take(3 * dataset.num_batches),
+        dataset.to_tf_dataset(start=8).as_numpy_iterator(),
+    ):
+        with pytest.raises(DatasetError) as info:
+            list(raise_dataset_errors(elements))
+        message = str(info.value)
+        assert_names_bad_id(message, path, 1, "cat_1", 517, 7, 7)
+        assert "Traceback" not in message and "<<" not in message
+    # Batches before the bad one arrive first.
+    batches = dataset.batches()
+    for _ in range(517 // GLOBAL_BATCH):
+        next(batches)
+    with pytest.raises(DatasetError):
+        next(batches)
+
+
+def test_multi_hot_id_out_of_range(multi_hot_dir: Path, tmp_path: Path) -> None:
+    spec = copy_dataset(multi_hot_dir, tmp_path / "d")
+    path = overwrite_id(spec, "cat_1", 57, 7)  # hotness 3, cardinality 7
+    dataset = SplitBinaryDataset(spec, "train", ShardSpec(20, 0, 2, (1, 2)))
+    with pytest.raises(DatasetError) as info:
+        list(dataset.batches())
     message = str(info.value)
-    assert (
-        str(path) in message and "row 517" in message and "[0, 7)" in message and "got 7" in message
-    )
+    assert_names_bad_id(message, path, 1, "cat_1", 57, 7, 7)
+    assert "ids of the row: [7, " in message
+
+
+def test_id_check_off(dataset_dir: Path, tmp_path: Path) -> None:
+    spec = copy_dataset(dataset_dir, tmp_path / "d")
+    overwrite_id(spec, "cat_1", 517, 7)
+    dataset = SplitBinaryDataset(spec, "train", ShardSpec(GLOBAL_BATCH), check_batch_ids=False)
+    categorical = np.concatenate([b.categorical for b in dataset.batches()])
+    assert categorical[517, 1] == 7  # passed through unchecked
+
+
+def test_rank_checks_only_the_ids_it_reads(dataset_dir: Path, tmp_path: Path) -> None:
+    spec = copy_dataset(dataset_dir, tmp_path / "d")
+    path = overwrite_id(spec, "cat_1", 517, 7)  # batch 8, in the local rows of rank 0
+    # Model-parallel input: rank 0 reads tables 0 and 3, rank 1 reads table 1.
+    without_table_1 = SplitBinaryDataset(spec, "train", ShardSpec(GLOBAL_BATCH, 0, 2, (0, 3)))
+    assert len(list(without_table_1.batches())) == TRAIN_ROWS // GLOBAL_BATCH
+    model_parallel = SplitBinaryDataset(spec, "train", ShardSpec(GLOBAL_BATCH, 1, 2, (1, 2, 4)))
+    with pytest.raises(DatasetError) as info:
+        model_parallel.read_batch(8)
+    assert_names_bad_id(str(info.value), path, 1, "cat_1", 517, 7, 7)
+    # Data-parallel input: every table, for the rank's own rows only.
+    data_parallel = {
+        rank: SplitBinaryDataset(
+            spec, "train", ShardSpec(GLOBAL_BATCH, rank, 2, input_mode=InputMode.DATA_PARALLEL)
+        )
+        for rank in (0, 1)
+    }
+    data_parallel[1].read_batch(8)
+    with pytest.raises(DatasetError) as info:
+        data_parallel[0].read_batch(8)
+    assert_names_bad_id(str(info.value), path, 1, "cat_1", 517, 7, 7)
 
 
 def test_global_batch_not_divisible(dataset_dir: Path) -> None:
