@@ -7,12 +7,18 @@ Layout of `<root>/step_<step:09d>/`:
   every other file. It is written last.
 - `dense.npz`: dense weights, their optimizer slots and the trainer's counters,
   by name (no pickle).
-- `embeddings/table_<t>.rows_<r0>_<r1>.cols_<c0>_<c1>.npy`: one file per table
-  shard, and one per optimizer slot of it (`....<slot>.npy`). One process
-  writes one shard per table (the whole table); sharded runs write several, and
-  `read_table_slice` assembles any [rows, columns] slice from whatever shards a
-  checkpoint has (memory-mapped), which is what restoring on another number of
-  ranks needs.
+- `embeddings/<TableShard.name>.npy` (`table_<t>.rows_<r0>_<r1>.cols_<c0>_<c1>.npy`):
+  one file per table shard, and one per optimizer slot of it (`....<slot>.npy`).
+  A shard's manifest entry is `TableShard.to_dict()` with `file` and `slots`
+  added. One process writes one shard per table (the whole table); sharded runs
+  write several, and `restore_table_slice` streams any [rows, columns] slice
+  from whatever shards a checkpoint has, in row chunks of bounded size, which
+  is what restoring on another number of ranks needs.
+
+Opening a checkpoint reads and checks the manifest only. Each data file is
+checked against its size and sha256 the first time it is read (once per
+`Checkpoint`), so a rank verifies the files it reads and no others;
+`Checkpoint.verify` checks every file.
 
 A checkpoint is built in `<root>/.step_<step>.partial` and renamed into place,
 so a crash never leaves a directory that looks whole; older checkpoints beyond
@@ -21,55 +27,45 @@ so a crash never leaves a directory that looks whole; older checkpoints beyond
 
 from __future__ import annotations
 
-import dataclasses
+import contextlib
 import hashlib
+import io
 import json
 import os
 import re
 import shutil
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
+
+from dlrm.embedding.shard import Range, TableShard
+from feature_spec.staged import publish, staging_path, start_staging
 
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
 DENSE_FILE = "dense.npz"
+# Rows restored per `assign` call are sized to about this many bytes.
+DEFAULT_CHUNK_BYTES = 64 << 20
 _STEP_DIR = re.compile(r"^step_(\d+)$")
+_HASH_BLOCK = 1 << 22
 
 
 class CheckpointError(RuntimeError):
     """A checkpoint is missing, incomplete, corrupted or does not fit the model."""
 
 
-@dataclasses.dataclass(frozen=True)
-class TableShard:
-    """Rows [r0, r1) x columns [c0, c1) of one table, stored in `file`, with its
-    optimizer slots in `slot_files` (slot name -> file)."""
-
-    rows: tuple[int, int]
-    columns: tuple[int, int]
-    file: str
-    slot_files: Mapping[str, str]
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "rows": list(self.rows),
-            "columns": list(self.columns),
-            "file": self.file,
-            "slots": dict(self.slot_files),
-        }
-
-
-def shard_file_name(table: int, rows: tuple[int, int], columns: tuple[int, int]) -> str:
-    return f"embeddings/table_{table}.rows_{rows[0]}_{rows[1]}.cols_{columns[0]}_{columns[1]}"
+def shard_file_name(shard: TableShard) -> str:
+    """`embeddings/table_<t>.rows_<r0>_<r1>.cols_<c0>_<c1>`, without the `.npy`
+    (slot files add `.<slot>`)."""
+    return f"embeddings/{shard.name}"
 
 
 def _sha256(path: Path) -> str:
     digest = hashlib.sha256()
     with path.open("rb") as handle:
-        while block := handle.read(1 << 22):
+        while block := handle.read(_HASH_BLOCK):
             digest.update(block)
     return digest.hexdigest()
 
@@ -96,10 +92,10 @@ class CheckpointWriter:
         self.root = Path(root)
         self.step = step
         self.final = self.root / step_directory_name(step)
-        self.staging = self.root / f".{step_directory_name(step)}.partial"
+        self.staging = staging_path(self.final)
         if create:
-            shutil.rmtree(self.staging, ignore_errors=True)
-            (self.staging / "embeddings").mkdir(parents=True)
+            start_staging(self.final, overwrite=True)
+            (self.staging / "embeddings").mkdir()
         self._files: list[str] = []
         self._tables: dict[int, dict[str, Any]] = {}
 
@@ -131,22 +127,30 @@ class CheckpointWriter:
 
     def add_table_shard(
         self,
-        table: int,
-        shape: tuple[int, int],
-        rows: tuple[int, int],
-        columns: tuple[int, int],
+        shard: TableShard,
+        table_shape: tuple[int, int],
         values: np.ndarray,
         slots: Mapping[str, np.ndarray],
     ) -> None:
-        """One shard of table `table` (whole shape `shape`) and its optimizer slots."""
-        expected = (rows[1] - rows[0], columns[1] - columns[0])
+        """One shard of table `shard.table` (whole shape `table_shape`) and its
+        optimizer slots, each [shard.height, shard.width], stored as float32.
+
+        `values` and `slots` may be memory maps: they are written without a copy
+        when they are C-contiguous float32.
+        """
+        table_rows, table_columns = table_shape
+        if shard.rows[1] > table_rows or shard.columns[1] > table_columns:
+            raise CheckpointError(
+                f"{shard.name}: rows {list(shard.rows)} x columns {list(shard.columns)} lie "
+                f"outside table {shard.table} of shape {list(table_shape)}"
+            )
+        expected = (shard.height, shard.width)
         for name, array in [("values", values), *slots.items()]:
             if tuple(array.shape) != expected:
                 raise CheckpointError(
-                    f"table {table} shard rows {rows} columns {columns}: {name} has shape "
-                    f"{tuple(array.shape)}, expected {expected}"
+                    f"{shard.name}: {name} has shape {tuple(array.shape)}, expected {expected}"
                 )
-        base = shard_file_name(table, rows, columns)
+        base = shard_file_name(shard)
         np.save(self.staging / f"{base}.npy", np.ascontiguousarray(values, np.float32))
         self._written(f"{base}.npy")
         slot_files = {}
@@ -155,8 +159,15 @@ class CheckpointWriter:
             np.save(self.staging / relative, np.ascontiguousarray(array, np.float32))
             self._written(relative)
             slot_files[slot] = relative
-        entry = self._tables.setdefault(table, {"index": table, "shape": list(shape), "shards": []})
-        entry["shards"].append(TableShard(rows, columns, f"{base}.npy", slot_files).to_dict())
+        entry = self._tables.setdefault(
+            shard.table, {"index": shard.table, "shape": list(table_shape), "shards": []}
+        )
+        if entry["shape"] != list(table_shape):
+            raise CheckpointError(
+                f"{shard.name}: table shape {list(table_shape)}, an earlier shard of table "
+                f"{shard.table} said {entry['shape']}"
+            )
+        entry["shards"].append({**shard.to_dict(), "file": f"{base}.npy", "slots": slot_files})
 
     def commit(
         self,
@@ -178,6 +189,11 @@ class CheckpointWriter:
             files.update(part["files"])
             for table, entry in part["tables"].items():
                 merged = tables.setdefault(int(table), {**entry, "shards": []})
+                if merged["shape"] != entry["shape"]:
+                    raise CheckpointError(
+                        f"{self.staging}: ranks wrote table {table} with shapes "
+                        f"{merged['shape']} and {entry['shape']}"
+                    )
                 merged["shards"].extend(entry["shards"])
         for entry in tables.values():
             entry["shards"].sort(key=lambda shard: (shard["rows"], shard["columns"]))
@@ -191,14 +207,7 @@ class CheckpointWriter:
         manifest_path = self.staging / MANIFEST
         manifest_path.write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
         _fsync(manifest_path)
-        if self.final.exists():
-            retired = self.root / f".{self.final.name}.retired"
-            shutil.rmtree(retired, ignore_errors=True)
-            os.replace(self.final, retired)
-            os.replace(self.staging, self.final)
-            shutil.rmtree(retired, ignore_errors=True)
-        else:
-            os.replace(self.staging, self.final)
+        publish(self.staging, self.final)
         if keep > 0:
             for old in list_checkpoints(self.root)[:-keep]:
                 if old != self.final:
@@ -235,8 +244,55 @@ def resolve_checkpoint(path: str | os.PathLike[str]) -> Path:
     )
 
 
+class _NpyLayout(NamedTuple):
+    """Where the array of a `.npy` file lies: C-order `shape` of `dtype` from
+    byte `offset` on."""
+
+    shape: tuple[int, ...]
+    dtype: np.dtype[Any]
+    offset: int
+
+
+class _Piece(NamedTuple):
+    """The part of a requested slice that one shard file holds: `rows` x `columns`
+    (table coordinates) of the shard `shard_rows` x `shard_columns` in `file`."""
+
+    file: str
+    shard_rows: Range
+    shard_columns: Range
+    rows: Range
+    columns: Range
+
+
+def _intersection(a: Range, b: Range) -> Range | None:
+    start, stop = max(a[0], b[0]), min(a[1], b[1])
+    return (start, stop) if start < stop else None
+
+
+def _read_exact(handle: io.FileIO, path: Path, offset: int, out: np.ndarray) -> None:
+    """Fills the C-contiguous `out` with the bytes of `handle` from `offset` on."""
+    view = out.data.cast("B")
+    handle.seek(offset)
+    done = 0
+    while done < len(view):
+        count = handle.readinto(view[done:])
+        if not count:
+            raise CheckpointError(
+                f"{path}: ends at byte {offset + done}, expected {offset + len(view)} or more"
+            )
+        done += count
+
+
 class Checkpoint:
-    """A verified checkpoint, opened for reading."""
+    """A checkpoint opened for reading.
+
+    Opening reads and checks the manifest only (format, keys, the shards of each
+    table: inside the table, not overlapping, their files listed). With `verify`
+    (the default), each data file is checked against the manifest's size and
+    sha256 the first time this object reads it, before its data is used; a
+    mismatch raises `CheckpointError` naming the file. `verify()` checks every
+    file at once, for tools that read everything.
+    """
 
     def __init__(self, path: str | os.PathLike[str], verify: bool = True) -> None:
         self.path = resolve_checkpoint(path)
@@ -258,8 +314,10 @@ class Checkpoint:
             raise CheckpointError(
                 f"{manifest_path}: format_version {version}, this tool reads {FORMAT_VERSION}"
             )
-        if verify:
-            self.verify()
+        self._check_tables()
+        self._verify_reads = verify
+        self._verified: set[str] = set()
+        self._layouts: dict[str, _NpyLayout] = {}
         self._dense: dict[str, np.ndarray] | None = None
 
     def _previous_hint(self) -> str:
@@ -272,26 +330,93 @@ class Checkpoint:
             f"--restore_checkpoint_path {older[-1]} to restore it instead"
         )
 
-    def verify(self) -> None:
-        """Checks that every listed file exists with its size and sha256."""
-        for name, expected in self.manifest["files"].items():
-            path = self.path / name
-            if not path.is_file():
+    def _check_tables(self) -> None:
+        """The table entries are well formed; each table's shards lie inside it
+        and do not overlap (so summed areas tell coverage), and every file they
+        name is listed with a checksum. Shard entries written before shards
+        carried `kind` and `rank` need only `rows`, `columns`, `file`, `slots`."""
+        manifest_path = self.path / MANIFEST
+        listed = self.manifest["files"]
+        for entry in self.manifest["tables"]:
+            try:
+                table = int(entry["index"])
+                height, width = (int(n) for n in entry["shape"])
+                rectangles = [
+                    (_range(shard["rows"]), _range(shard["columns"])) for shard in entry["shards"]
+                ]
+                files = [
+                    name
+                    for shard in entry["shards"]
+                    for name in [shard["file"], *shard.get("slots", {}).values()]
+                ]
+            except (AttributeError, KeyError, TypeError, ValueError) as error:
                 raise CheckpointError(
-                    f"{path}: file listed in the manifest is missing{self._previous_hint()}"
-                )
-            size = path.stat().st_size
-            if size != expected["bytes"]:
-                raise CheckpointError(
-                    f"{path}: truncated or corrupted: {size} bytes, the manifest says "
-                    f"{expected['bytes']}{self._previous_hint()}"
-                )
-            digest = _sha256(path)
-            if digest != expected["sha256"]:
-                raise CheckpointError(
-                    f"{path}: corrupted: sha256 {digest}, the manifest says "
-                    f"{expected['sha256']}{self._previous_hint()}"
-                )
+                    f"{manifest_path}: malformed table entry {str(entry)[:200]} ({error!r})"
+                ) from error
+            for index, (rows, columns) in enumerate(rectangles):
+                if not (0 <= rows[0] < rows[1] <= height and 0 <= columns[0] < columns[1] <= width):
+                    raise CheckpointError(
+                        f"{manifest_path}: table {table} of shape {[height, width]} has a shard "
+                        f"rows {list(rows)} x columns {list(columns)} outside it"
+                    )
+                for other_rows, other_columns in rectangles[:index]:
+                    if _intersection(rows, other_rows) and _intersection(columns, other_columns):
+                        raise CheckpointError(
+                            f"{manifest_path}: table {table} has overlapping shards rows "
+                            f"{list(rows)} x columns {list(columns)} and rows "
+                            f"{list(other_rows)} x columns {list(other_columns)}"
+                        )
+            for name in files:
+                if name not in listed:
+                    raise CheckpointError(
+                        f"{manifest_path}: table {table} names {name}, which has no entry "
+                        f"under 'files'{self._previous_hint()}"
+                    )
+
+    # ----------------------------------------------------------- verification
+
+    @property
+    def verified_files(self) -> frozenset[str]:
+        """The files (relative to `path`) this object has checked so far."""
+        return frozenset(self._verified)
+
+    def verify(self, names: Iterable[str] | None = None) -> None:
+        """Checks that every listed file (or each of `names`, relative to `path`)
+        exists with the size and sha256 the manifest gives."""
+        for name in self.manifest["files"] if names is None else names:
+            self._verify_file(name)
+
+    def _verify_file(self, name: str) -> None:
+        path = self.path / name
+        expected = self.manifest["files"].get(name)
+        if expected is None:
+            raise CheckpointError(
+                f"{path}: not listed under 'files' in the manifest, so it cannot be "
+                f"verified{self._previous_hint()}"
+            )
+        if not path.is_file():
+            raise CheckpointError(
+                f"{path}: file listed in the manifest is missing{self._previous_hint()}"
+            )
+        size = path.stat().st_size
+        if size != expected["bytes"]:
+            raise CheckpointError(
+                f"{path}: truncated or corrupted: {size} bytes, the manifest says "
+                f"{expected['bytes']}{self._previous_hint()}"
+            )
+        digest = _sha256(path)
+        if digest != expected["sha256"]:
+            raise CheckpointError(
+                f"{path}: corrupted: sha256 {digest}, the manifest says "
+                f"{expected['sha256']}{self._previous_hint()}"
+            )
+        self._verified.add(name)
+
+    def _checked(self, name: str) -> Path:
+        """The path of file `name`, verified first (once) when this object verifies."""
+        if self._verify_reads and name not in self._verified:
+            self._verify_file(name)
+        return self.path / name
 
     @property
     def step(self) -> int:
@@ -301,7 +426,7 @@ class Checkpoint:
 
     def dense(self) -> dict[str, np.ndarray]:
         if self._dense is None:
-            path = self.path / DENSE_FILE
+            path = self._checked(DENSE_FILE)
             try:
                 with np.load(path, allow_pickle=False) as data:
                     self._dense = {name: data[name] for name in data.files}
@@ -336,45 +461,172 @@ class Checkpoint:
         rows, dim = self._table(table)["shape"]
         return int(rows), int(dim)
 
-    def read_table_slice(
-        self,
-        table: int,
-        rows: tuple[int, int],
-        columns: tuple[int, int],
-        slot: str | None = None,
-    ) -> np.ndarray:
-        """Rows [r0, r1) x columns [c0, c1) of a table (or of its optimizer `slot`),
-        assembled from the shards that overlap it."""
-        entry = self._table(table)
-        out = np.empty((rows[1] - rows[0], columns[1] - columns[0]), np.float32)
-        covered = np.zeros(out.shape, bool)
-        for shard in entry["shards"]:
-            (sr0, sr1), (sc0, sc1) = shard["rows"], shard["columns"]
-            r0, r1 = max(rows[0], sr0), min(rows[1], sr1)
-            c0, c1 = max(columns[0], sc0), min(columns[1], sc1)
-            if r0 >= r1 or c0 >= c1:
+    def _pieces(self, table: int, rows: Range, columns: Range, slot: str | None) -> list[_Piece]:
+        """The shard files holding the requested slice, each with its part of it;
+        raises unless they cover the slice."""
+        if not (rows[0] < rows[1] and columns[0] < columns[1]):
+            raise CheckpointError(
+                f"{self.path}: table {table}: empty request rows {list(rows)} x columns "
+                f"{list(columns)}"
+            )
+        pieces = []
+        for shard in self._table(table)["shards"]:
+            shard_rows, shard_columns = _range(shard["rows"]), _range(shard["columns"])
+            overlap_rows = _intersection(rows, shard_rows)
+            overlap_columns = _intersection(columns, shard_columns)
+            if overlap_rows is None or overlap_columns is None:
                 continue
-            relative = shard["file"] if slot is None else shard["slots"].get(slot)
-            if relative is None:
+            file = shard["file"] if slot is None else shard.get("slots", {}).get(slot)
+            if file is None:
                 raise CheckpointError(
                     f"{self.path}: table {table} has no optimizer slot {slot!r}; the "
                     f"checkpoint was written with another optimizer"
                 )
-            path = self.path / relative
-            try:
-                data = np.load(path, mmap_mode="r", allow_pickle=False)
-            except (OSError, ValueError) as error:
-                raise CheckpointError(f"{path}: unreadable ({error})") from error
-            if data.shape != (sr1 - sr0, sc1 - sc0):
-                raise CheckpointError(
-                    f"{path}: shape {data.shape}, the manifest says {(sr1 - sr0, sc1 - sc0)}"
-                )
-            target = (slice(r0 - rows[0], r1 - rows[0]), slice(c0 - columns[0], c1 - columns[0]))
-            out[target] = data[r0 - sr0 : r1 - sr0, c0 - sc0 : c1 - sc0]
-            covered[target] = True
-        if not covered.all():
+            pieces.append(_Piece(file, shard_rows, shard_columns, overlap_rows, overlap_columns))
+        # Shards do not overlap (checked on opening): equal areas mean full coverage.
+        covered = sum(_length(p.rows) * _length(p.columns) for p in pieces)
+        if covered != _length(rows) * _length(columns):
             raise CheckpointError(
                 f"{self.path / MANIFEST}: the shards of table {table} do not cover rows "
                 f"{list(rows)} x columns {list(columns)}"
             )
+        return pieces
+
+    def _layout(self, piece: _Piece) -> _NpyLayout:
+        """The verified `.npy` header of `piece.file`, checked against the manifest."""
+        if piece.file in self._layouts:
+            return self._layouts[piece.file]
+        path = self._checked(piece.file)
+        expected = (_length(piece.shard_rows), _length(piece.shard_columns))
+        try:
+            with path.open("rb") as handle:
+                version = np.lib.format.read_magic(handle)
+                if version == (1, 0):
+                    shape, fortran_order, dtype = np.lib.format.read_array_header_1_0(handle)
+                elif version == (2, 0):
+                    shape, fortran_order, dtype = np.lib.format.read_array_header_2_0(handle)
+                else:
+                    raise ValueError(f"unsupported .npy format version {version}")
+                offset = handle.tell()
+        except (OSError, ValueError) as error:
+            raise CheckpointError(f"{path}: unreadable ({error})") from error
+        if tuple(shape) != expected:
+            raise CheckpointError(f"{path}: shape {tuple(shape)}, the manifest says {expected}")
+        if fortran_order or dtype.kind != "f":
+            raise CheckpointError(
+                f"{path}: a {'Fortran-order ' if fortran_order else ''}{dtype} array, "
+                f"expected C-order float32"
+            )
+        layout = _NpyLayout(tuple(shape), dtype, offset)
+        self._layouts[piece.file] = layout
+        return layout
+
+    def restore_table_slice(
+        self,
+        table: int,
+        rows: Range,
+        columns: Range,
+        assign: Callable[[int, np.ndarray], object],
+        slot: str | None = None,
+        chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+    ) -> None:
+        """Streams rows [r0, r1) x columns [c0, c1) of a table (or of its optimizer
+        `slot`) to `assign` in consecutive row chunks.
+
+        Calls `assign(row_offset, chunk)` with `chunk` float32 [n, c1 - c0] holding
+        rows [r0 + row_offset, r0 + row_offset + n), assembled from the shards
+        that overlap it, for row_offset = 0, n, 2n, ... (the last chunk may be
+        shorter); e.g. `lambda offset, chunk: variable[offset:offset +
+        len(chunk)].assign(chunk)`. Each chunk is a new array, which `assign` may
+        keep. Chunks have as many rows as fit in `chunk_bytes` at the width of the
+        request or of its widest shard, whichever is wider (at least one row), and
+        that bounds the read buffer too: besides the caller's own memory, a
+        restore holds one chunk and one read buffer.
+
+        Every shard file the slice needs is verified (see `Checkpoint`) and its
+        header checked before `assign` is first called, and coverage too: a
+        failure raises `CheckpointError` before anything is assigned.
+        """
+        if chunk_bytes < 1:
+            raise ValueError(f"chunk_bytes must be positive, got {chunk_bytes}")
+        pieces = self._pieces(table, rows, columns, slot)
+        layouts = {piece.file: self._layout(piece) for piece in pieces}
+        width = _length(columns)
+        widest = max([width, *(_length(piece.shard_columns) for piece in pieces)])
+        itemsize = max([4, *(layout.dtype.itemsize for layout in layouts.values())])
+        chunk_rows = max(1, chunk_bytes // (widest * itemsize))
+        with contextlib.ExitStack() as stack:
+            handles = {
+                file: stack.enter_context((self.path / file).open("rb", buffering=0))
+                for file in layouts
+            }
+            for start in range(rows[0], rows[1], chunk_rows):
+                stop = min(start + chunk_rows, rows[1])
+                chunk = np.empty((stop - start, width), np.float32)
+                for piece in pieces:
+                    part = _intersection(piece.rows, (start, stop))
+                    if part is not None:
+                        origin = (start, columns[0])
+                        self._read_piece(
+                            piece, layouts[piece.file], handles[piece.file], part, chunk, origin
+                        )
+                assign(start - rows[0], chunk)
+                del chunk  # before the next one is allocated
+
+    def _read_piece(
+        self,
+        piece: _Piece,
+        layout: _NpyLayout,
+        handle: io.FileIO,
+        rows: Range,
+        chunk: np.ndarray,
+        chunk_origin: tuple[int, int],
+    ) -> None:
+        """Copies rows `rows` x `piece.columns` (table coordinates) from the shard
+        file into `chunk`, whose element [0, 0] is table element `chunk_origin`."""
+        shard_width = _length(piece.shard_columns)
+        row_bytes = shard_width * layout.dtype.itemsize
+        offset = layout.offset + (rows[0] - piece.shard_rows[0]) * row_bytes
+        target_rows = slice(rows[0] - chunk_origin[0], rows[1] - chunk_origin[0])
+        path = self.path / piece.file
+        chunk_columns = (chunk_origin[1], chunk_origin[1] + chunk.shape[1])
+        if piece.shard_columns == chunk_columns and layout.dtype == chunk.dtype:
+            # The shard's rows are whole rows of the chunk: read them in place.
+            _read_exact(handle, path, offset, chunk[target_rows])
+            return
+        buffer = np.empty((_length(rows), shard_width), layout.dtype)
+        _read_exact(handle, path, offset, buffer)
+        source_columns = slice(
+            piece.columns[0] - piece.shard_columns[0], piece.columns[1] - piece.shard_columns[0]
+        )
+        target_columns = slice(
+            piece.columns[0] - chunk_origin[1], piece.columns[1] - chunk_origin[1]
+        )
+        chunk[target_rows, target_columns] = buffer[:, source_columns]
+
+    def read_table_slice(
+        self,
+        table: int,
+        rows: Range,
+        columns: Range,
+        slot: str | None = None,
+    ) -> np.ndarray:
+        """Rows [r0, r1) x columns [c0, c1) of a table (or of its optimizer `slot`),
+        float32 [r1 - r0, c1 - c0], assembled from the shards that overlap it.
+        Holds the whole slice in memory; `restore_table_slice` streams it."""
+        out = np.empty((_length(rows), _length(columns)), np.float32)
+
+        def assign(offset: int, chunk: np.ndarray) -> None:
+            out[offset : offset + len(chunk)] = chunk
+
+        self.restore_table_slice(table, rows, columns, assign, slot)
         return out
+
+
+def _range(value: Any) -> Range:
+    start, stop = value
+    return int(start), int(stop)
+
+
+def _length(span: Range) -> int:
+    return span[1] - span[0]
