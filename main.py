@@ -31,6 +31,12 @@ flags.DEFINE_string("dataset_path", None, "Dataset directory (holds the FeatureS
 flags.DEFINE_string(
     "feature_spec", _D("feature_spec"), "FeatureSpec file name inside --dataset_path."
 )
+flags.DEFINE_bool(
+    "check_ids",
+    _D("check_ids"),
+    "Stop with an error naming the table, file and row when a categorical id is outside "
+    "[0, cardinality) (checked per batch in the loader).",
+)
 flags.DEFINE_integer("batch_size", _D("batch_size"), "Global training batch size.")
 flags.DEFINE_integer(
     "valid_batch_size",
@@ -161,6 +167,7 @@ def main(argv: list[str]) -> int:
     from dataloading.errors import DatasetError
     from dlrm.app import run
     from dlrm.checkpoint import CheckpointError
+    from dlrm.dist import RankMismatchError
     from dlrm.embedding.planner import PlanError
     from dlrm.trainer import NonFiniteLossError
     from feature_spec import FeatureSpecError
@@ -170,7 +177,7 @@ def main(argv: list[str]) -> int:
     except ConfigError as error:  # settings that only the run can check (world size)
         print(f"main.py: invalid flags: {error}", file=sys.stderr)
         return 2
-    except (FeatureSpecError, DatasetError, CheckpointError, PlanError) as error:
+    except (FeatureSpecError, DatasetError, CheckpointError, PlanError, RankMismatchError) as error:
         print(f"main.py: {error}", file=sys.stderr)
         return 1
     except NonFiniteLossError as error:

@@ -42,39 +42,26 @@ class TimedCollectives(Collectives):
             self.seconds.assign_add(tf.timestamp() - start)
             return tf.nest.map_structure(_identity, result)
 
-    def alltoall(self, tensor: tf.Tensor, splits: Sequence[int] | tf.Tensor) -> tf.Tensor:
-        if not tensor.dtype.is_floating:  # ids: no gradient
-            return self._timed([tensor], lambda: self.inner.alltoall(tensor, splits))
+    def alltoall(
+        self, tensor: tf.Tensor, splits: Sequence[int] | tf.Tensor, name: str
+    ) -> tf.Tensor:
+        # The backward alltoall is a call of its own (the sharded embeddings run
+        # it explicitly), so it is timed here too.
+        return self._timed([tensor], lambda: self.inner.alltoall(tensor, splits, name))
 
-        @tf.custom_gradient
-        def exchange(values: tf.Tensor) -> Any:
-            with tf.GradientTape() as tape:
-                tape.watch(values)
-                received = self._timed([values], lambda: self.inner.alltoall(values, splits))
-
-            def backward(upstream: tf.Tensor) -> tf.Tensor:
-                return self._timed(
-                    [upstream],
-                    lambda: tape.gradient(received, values, output_gradients=upstream),
-                )
-
-            return received, backward
-
-        return exchange(tensor)
-
-    def allreduce_sum(self, tensors: Sequence[Any]) -> list[Any]:
+    def allreduce_sum(self, tensors: Sequence[Any], names: Sequence[str]) -> list[Any]:
         if not tensors:
             return []
-        return list(self._timed(list(tensors), lambda: self.inner.allreduce_sum(tensors)))
+        return list(self._timed(list(tensors), lambda: self.inner.allreduce_sum(tensors, names)))
 
     def allgather(self, tensor: tf.Tensor) -> tf.Tensor:
         return self._timed([tensor], lambda: self.inner.allgather(tensor))
 
-    def allgather_object(self, value: Any) -> list[Any]:
-        return self.inner.allgather_object(value)
+    def allgather_object(self, value: Any, name: str) -> list[Any]:
+        return self.inner.allgather_object(value, name)
 
-    def broadcast_object(self, value: Any) -> Any:
-        return self.inner.broadcast_object(value)
+    def broadcast_object(self, value: Any, name: str) -> Any:
+        return self.inner.broadcast_object(value, name)
 
     def broadcast_variables(self, variables: Sequence[Any]) -> None:
         self.inner.broadcast_variables(variables)
@@ -82,8 +69,8 @@ class TimedCollectives(Collectives):
     def barrier(self) -> None:
         self.inner.barrier()
 
-    def any_true(self, flag: tf.Tensor) -> tf.Tensor:
-        return self._timed([flag], lambda: self.inner.any_true(flag))
+    def any_true(self, flags: tf.Tensor, name: str) -> tf.Tensor:
+        return self._timed([flags], lambda: self.inner.any_true(flags, name))
 
 
 def _tensors(structure: Any) -> list[Any]:

@@ -130,7 +130,7 @@ def rank_worker(dataset: Path, batch_size: int, steps: int, warmup: int, output:
         session.trainer.train_step(batch).numpy()
     elapsed = time.perf_counter() - start
     mine = {"seconds": elapsed, "collective_seconds": float(collectives.seconds.numpy())}
-    ranks = collectives.allgather_object(mine)
+    ranks = collectives.allgather_object(mine, name="benchmark_ranks")
     if collectives.rank == 0:
         plan = session.plan.to_dict() if session.plan is not None else None
         result = {"world_size": collectives.world_size, "ranks": ranks, "plan": plan}

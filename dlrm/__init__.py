@@ -1,1 +1,1 @@
-"""The DLRM model, its hybrid-parallel embeddings and the trainer (in progress)."""
+"""The DLRM model, its hybrid-parallel embeddings, the trainer and the application."""

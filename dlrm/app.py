@@ -7,6 +7,7 @@ trainer from it and the dataset's FeatureSpec; reports through `MetricsLog`.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import time
 from pathlib import Path
 from typing import Any, TextIO
@@ -16,11 +17,18 @@ import numpy as np
 import tensorflow as tf
 
 from dataloading.errors import DatasetError
-from dataloading.split_binary import InputMode, LastBatch, ShardSpec, SplitBinaryDataset
+from dataloading.files import SplitBinaryFiles
+from dataloading.split_binary import (
+    InputMode,
+    LastBatch,
+    ShardSpec,
+    SplitBinaryDataset,
+    raise_dataset_errors,
+)
 from dlrm import metrics
 from dlrm.checkpoint import Checkpoint, CheckpointError
 from dlrm.config import ConfigError, RunConfig, check_world_size
-from dlrm.dist import Collectives, create_collectives, launched_by_horovod
+from dlrm.dist import Collectives, check_ranks_agree, create_collectives, launched_by_horovod
 from dlrm.embedding.planner import (
     PlanError,
     PlannerConfig,
@@ -28,21 +36,24 @@ from dlrm.embedding.planner import (
     TableSpec,
     plan_sharding,
 )
-from dlrm.embedding.sharded import ShardedEmbeddings, assignments_from_plan
+from dlrm.embedding.sharded import ShardedEmbeddings
+from dlrm.evaluator import Evaluator
 from dlrm.export import export_saved_model
 from dlrm.model import Dlrm, ModelConfig
 from dlrm.optimizers import create_optimizer
 from dlrm.precision import Precision, choose_precision
+from dlrm.predictor import Predictor
 from dlrm.reporting import MetricsLog, Throughput, format_duration
 from dlrm.schedule import DlrmSchedule
 from dlrm.trainer import Trainer
 from dlrm.training_state import (
     check_model_matches,
     restore_model_weights,
+    restore_on_every_rank,
     restore_training_state,
     save_training_state,
 )
-from feature_spec import TEST_MAPPING, TRAIN_MAPPING, FeatureSpec
+from feature_spec import TEST_MAPPING, TRAIN_MAPPING, FeatureSpec, FeatureSpecError
 
 
 def model_config_for(spec: FeatureSpec, config: RunConfig) -> ModelConfig:
@@ -71,13 +82,15 @@ def eval_steps(steps_per_epoch: int, epochs: int, evals_per_epoch: int) -> list[
 
 @dataclasses.dataclass
 class Session:
-    """What every mode shares: config, dataset spec, model and trainer."""
+    """What every mode shares: config, dataset spec, model, predictor, and the
+    trainer when training."""
 
     config: RunConfig
-    spec: FeatureSpec | None
+    spec: FeatureSpec
     model_config: ModelConfig
     precision: Precision
     model: Dlrm
+    predictor: Predictor
     trainer: Trainer | None
     log: MetricsLog
     collectives: Collectives
@@ -110,7 +123,8 @@ def plan_for(
             plan.validate(tables, world_size)
         except PlanError as error:
             raise PlanError(f"--sharding_plan {config.sharding_plan}: {error}") from error
-        return plan
+        # Gradient exchange is costed (and chosen) at this run's batch.
+        return dataclasses.replace(plan, global_batch_size=config.batch_size)
     slots = {"sgd": 0, "adagrad": 1, "adam": 2}[config.optimizer]
     budget = config.embedding_memory_budget_gib
     return plan_sharding(
@@ -123,8 +137,35 @@ def plan_for(
             row_slice_threshold=config.row_slice_threshold,
             strategy=config.sharding_strategy,
             optimizer_slots=slots if config.mode == "train" else 0,
+            global_batch_size=config.batch_size,
         ),
     )
+
+
+# Flags that may differ between ranks: paths of inputs each node may mount
+# elsewhere (their contents are compared instead) and of rank 0's logs.
+_PER_RANK_FLAGS = ("dataset_path", "feature_spec", "sharding_plan", "log_path", "tensorboard_dir")
+
+
+def agreement_facts(
+    config: RunConfig, model_config: ModelConfig, spec: FeatureSpec, plan: ShardingPlan | None
+) -> dict[str, Any]:
+    """What every rank must hold alike: the plan, the tables, the model, the
+    settings that decide which collectives run (steps, batches, logging), and
+    the size of each split (else ranks run different numbers of steps)."""
+    rows: dict[str, int | str] = {}
+    for mapping in (TRAIN_MAPPING, TEST_MAPPING):
+        try:
+            rows[mapping] = SplitBinaryFiles.open(spec, mapping).rows
+        except (DatasetError, FeatureSpecError, KeyError) as error:
+            rows[mapping] = f"unreadable: {error}"
+    flags = {k: v for k, v in config.to_dict().items() if k not in _PER_RANK_FLAGS}
+    return {
+        "plan": plan.to_dict() if plan is not None else None,
+        "model": model_config.to_dict(),
+        "flags": flags,
+        "rows": rows,
+    }
 
 
 def build_session(
@@ -143,12 +184,12 @@ def build_session(
         plan_for(config, model_config, spec, 1)
     if collectives.world_size > 1:
         plan = plan_for(config, model_config, spec, collectives.world_size)
+        # Before anything is built from the plan: a rank with another plan file or
+        # FeatureSpec would otherwise assemble wrong vectors or hang.
+        check_ranks_agree(collectives, agreement_facts(config, model_config, spec, plan))
         log.print(plan.format_table())
         embeddings = ShardedEmbeddings(
-            assignments_from_plan(plan),
-            model_config.cardinalities,
-            model_config.hotness,
-            model_config.embedding_dim,
+            plan,
             collectives,
             seed=config.seed,
             data_parallel_input=config.input_mode == "data_parallel",
@@ -156,19 +197,23 @@ def build_session(
     model = Dlrm(
         model_config, embeddings=embeddings, dtype_policy=precision.dtype_policy, seed=config.seed
     )
-    trainer = Trainer(
-        model,
-        # Only training needs optimizer slots (up to 2x the tables' memory).
-        create_optimizer(config.optimizer if config.mode == "train" else "sgd"),
-        DlrmSchedule(config.schedule),
-        precision,
-        global_batch_size=config.batch_size,
-        use_xla=config.xla,
-        collectives=collectives,
-    )
+    trainer = None
+    if config.mode == "train":
+        trainer = Trainer(
+            model,
+            create_optimizer(config.optimizer),
+            DlrmSchedule(config.schedule),
+            precision,
+            global_batch_size=config.batch_size,
+            use_xla=config.xla,
+            collectives=collectives,
+        )
+    predictor = Predictor(model, use_xla=config.xla)
     # Every rank starts from rank 0's dense weights (tables are initialised as slices).
-    collectives.broadcast_variables(trainer.dense_variables)
-    return Session(config, spec, model_config, precision, model, trainer, log, collectives, plan)
+    collectives.broadcast_variables(model.dense_variables)
+    return Session(
+        config, spec, model_config, precision, model, predictor, trainer, log, collectives, plan
+    )
 
 
 def _open_checkpoint(path: str, model_config: ModelConfig) -> Checkpoint:
@@ -182,25 +227,16 @@ def _open_checkpoint(path: str, model_config: ModelConfig) -> Checkpoint:
 
 def evaluate(session: Session) -> metrics.EvaluationResult:
     """Exact AUC, logloss and accuracy over the whole test split."""
-    assert session.trainer is not None and session.spec is not None
     test = SplitBinaryDataset(
         session.spec,
         TEST_MAPPING,
         session.shard(session.config.eval_batch_size),
         last_batch=LastBatch.PAD,
+        check_batch_ids=session.config.check_ids,
     )
     if test.num_batches == 0:
         raise DatasetError(f"{session.config.feature_spec_path}: the test split has no rows")
-    gather = session.collectives.allgather
-    labels, probabilities = [], []
-    for batch in test.to_tf_dataset():
-        prediction = session.trainer.predict(batch.numerical, batch.categorical)
-        # Every rank's local rows, in rank order: the whole global batch.
-        columns = gather(tf.concat([batch.label, prediction, batch.weight], axis=1)).numpy()
-        keep = columns[:, 2] > 0
-        labels.append(columns[keep, 0])
-        probabilities.append(columns[keep, 1])
-    return metrics.evaluate(np.concatenate(labels), np.concatenate(probabilities))
+    return Evaluator(session.predictor, session.collectives).evaluate(test)
 
 
 def _eval_record(result: metrics.EvaluationResult) -> dict[str, Any]:
@@ -218,8 +254,13 @@ def _eval_record(result: metrics.EvaluationResult) -> dict[str, Any]:
 def train(session: Session) -> dict[str, Any]:
     config, log = session.config, session.log
     trainer = session.trainer
-    assert trainer is not None and session.spec is not None
-    train_data = SplitBinaryDataset(session.spec, TRAIN_MAPPING, session.shard(config.batch_size))
+    assert trainer is not None
+    train_data = SplitBinaryDataset(
+        session.spec,
+        TRAIN_MAPPING,
+        session.shard(config.batch_size),
+        check_batch_ids=config.check_ids,
+    )
     steps_per_epoch = train_data.num_batches
     if steps_per_epoch == 0:
         raise DatasetError(
@@ -231,8 +272,13 @@ def train(session: Session) -> dict[str, Any]:
         total_steps = min(total_steps, config.max_steps)
     start_step = 0
     if config.restore_checkpoint_path:
-        checkpoint = _open_checkpoint(config.restore_checkpoint_path, session.model_config)
-        start_step = restore_training_state(trainer, checkpoint)
+        path = config.restore_checkpoint_path
+
+        def restore() -> tuple[Checkpoint, int]:
+            checkpoint = _open_checkpoint(path, session.model_config)
+            return checkpoint, restore_training_state(trainer, checkpoint)
+
+        checkpoint, start_step = restore_on_every_rank(session.collectives, path, restore)
         log.print(f"restored {checkpoint.path} at step {start_step}")
     if config.save_checkpoint_path and session.collectives.rank == 0:
         config.write(config.save_checkpoint_path)
@@ -262,13 +308,13 @@ def train(session: Session) -> dict[str, Any]:
     while step < total_steps:
         epoch, position = divmod(step, steps_per_epoch)
         segment_start = time.perf_counter()
-        for batch in train_data.to_tf_dataset(start=position):
+        for batch in train_data.batches(start=position):
             loss_tensor = trainer.train_step(batch)
             step += 1
             report = step % config.print_freq == 0
             if report or step in evals or step == total_steps:
                 # Each rank's loss is its share of the global mean: their sum is it.
-                loss = float(session.collectives.allreduce_sum([loss_tensor])[0].numpy())
+                loss = float(session.collectives.allreduce_sum([loss_tensor], ["loss"])[0].numpy())
                 trainer.check_finite()
             if report:
                 samples_per_second, eta = throughput.mark(step)
@@ -341,11 +387,20 @@ def _manifest_fields(session: Session) -> dict[str, Any]:
 # ------------------------------------------------------------- other modes
 
 
+def _restore_weights(session: Session, path: str) -> Checkpoint:
+    def restore() -> Checkpoint:
+        checkpoint = _open_checkpoint(path, session.model_config)
+        restore_model_weights(session.model, checkpoint)
+        return checkpoint
+
+    checkpoint: Checkpoint = restore_on_every_rank(session.collectives, path, restore)
+    return checkpoint
+
+
 def run_eval(session: Session) -> dict[str, Any]:
     config = session.config
     if config.restore_checkpoint_path:
-        checkpoint = _open_checkpoint(config.restore_checkpoint_path, session.model_config)
-        restore_model_weights(session.model, checkpoint)
+        checkpoint = _restore_weights(session, config.restore_checkpoint_path)
         session.log.print(f"evaluating {checkpoint.path}")
     else:
         session.log.print("evaluating the untrained model (no --restore_checkpoint_path)")
@@ -357,21 +412,22 @@ def run_eval(session: Session) -> dict[str, Any]:
 def run_inference(session: Session) -> dict[str, Any]:
     """Prediction throughput and latency over the test split, batch by batch."""
     config = session.config
-    trainer = session.trainer
-    assert trainer is not None and session.spec is not None
     if config.restore_checkpoint_path:
-        checkpoint = _open_checkpoint(config.restore_checkpoint_path, session.model_config)
-        restore_model_weights(session.model, checkpoint)
+        _restore_weights(session, config.restore_checkpoint_path)
     test = SplitBinaryDataset(
-        session.spec, TEST_MAPPING, session.shard(config.eval_batch_size), last_batch=LastBatch.PAD
+        session.spec,
+        TEST_MAPPING,
+        session.shard(config.eval_batch_size),
+        last_batch=LastBatch.PAD,
+        check_batch_ids=config.check_ids,
     )
     steps = config.max_steps if config.max_steps > 0 else test.num_batches
     warmup = config.benchmark_warmup_steps
     latencies = []
-    dataset = test.to_tf_dataset().repeat()
-    for index, batch in enumerate(dataset.take(steps + warmup)):
+    dataset = raise_dataset_errors(test.to_tf_dataset().repeat())
+    for index, batch in enumerate(itertools.islice(dataset, steps + warmup)):
         start = time.perf_counter()
-        trainer.predict(batch.numerical, batch.categorical).numpy()
+        session.predictor.predict(batch.numerical, batch.categorical).numpy()
         if index >= warmup:
             latencies.append(time.perf_counter() - start)
         if index % config.print_freq == 0:

@@ -1,16 +1,19 @@
-"""Collectives between ranks: the one place outside `dlrm/embedding/` that
-touches Horovod.
+"""Collectives between ranks: the one module that imports Horovod.
 
 Everything else takes a `Collectives` value (rank, world size and the few
 operations training needs), so the same model and trainer run on one process
-(`LocalCollectives`, no Horovod import at all) or under `horovodrun`
+(`Collectives`, no Horovod import at all) or under `horovodrun`
 (`HorovodCollectives`: Gloo on CPU, NCCL/MPI on GPU clusters, as Horovod was built).
+
+Collectives inside a `tf.function` take a `name`: Horovod pairs the ranks'
+operations by name, and ranks that hold different shards build different
+graphs, so names derived from the graph would not match and the job would hang.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import tensorflow as tf
@@ -23,23 +26,29 @@ class Collectives:
     world_size: int = 1
     local_rank: int = 0
 
-    def alltoall(self, tensor: tf.Tensor, splits: Sequence[int] | tf.Tensor) -> tf.Tensor:
+    def alltoall(
+        self, tensor: tf.Tensor, splits: Sequence[int] | tf.Tensor, name: str
+    ) -> tf.Tensor:
         """Sends rows [sum(splits[:j]), sum(splits[:j+1])) of `tensor` to rank j;
         returns what every rank sent here, concatenated in rank order."""
         return tensor
 
-    def allreduce_sum(self, tensors: Sequence[Any]) -> list[Any]:
-        """Element-wise sums over ranks (dense tensors or `tf.IndexedSlices`)."""
+    def allreduce_sum(self, tensors: Sequence[Any], names: Sequence[str]) -> list[Any]:
+        """Element-wise sums over ranks (dense tensors or `tf.IndexedSlices`, the
+        latter allgathered), one name per tensor."""
         return list(tensors)
 
     def allgather(self, tensor: tf.Tensor) -> tf.Tensor:
         """Every rank's `tensor` concatenated along axis 0, in rank order."""
         return tensor
 
-    def allgather_object(self, value: Any) -> list[Any]:
+    def allgather_object(self, value: Any, name: str) -> list[Any]:
+        """Every rank's picklable `value`, in rank order. Named: Horovod would
+        otherwise name it after the value's type, which may differ by rank."""
         return [value]
 
-    def broadcast_object(self, value: Any) -> Any:
+    def broadcast_object(self, value: Any, name: str) -> Any:
+        """Rank 0's `value` on every rank."""
         return value
 
     def broadcast_variables(self, variables: Sequence[Any]) -> None:
@@ -48,12 +57,9 @@ class Collectives:
     def barrier(self) -> None:
         """Returns once every rank has called it."""
 
-    def any_true(self, flag: tf.Tensor) -> tf.Tensor:
-        """True on every rank when `flag` is true on any rank."""
-        return flag
-
-
-LocalCollectives = Collectives
+    def any_true(self, flags: tf.Tensor, name: str) -> tf.Tensor:
+        """Element-wise: true on every rank where `flags` is true on any rank."""
+        return flags
 
 
 # A rank that stops submitting collectives (stuck, not dead) makes Horovod warn after
@@ -82,24 +88,33 @@ class HorovodCollectives(Collectives):
         self.local_rank = hvd.local_rank()
         pin_gpu(self.local_rank)
 
-    def alltoall(self, tensor: tf.Tensor, splits: Sequence[int] | tf.Tensor) -> tf.Tensor:
-        result = self._hvd.alltoall(tensor, splits=tf.cast(splits, tf.int32))
+    def alltoall(
+        self, tensor: tf.Tensor, splits: Sequence[int] | tf.Tensor, name: str
+    ) -> tf.Tensor:
+        result = self._hvd.alltoall(tensor, splits=tf.cast(splits, tf.int32), name=name)
         # Horovod returns (tensor, received_splits) in 0.28.
         return result[0] if isinstance(result, (tuple, list)) else result
 
-    def allreduce_sum(self, tensors: Sequence[Any]) -> list[Any]:
-        if not tensors:
-            return []
-        return [self._hvd.allreduce(t, op=self._hvd.Sum) for t in tensors]
+    def allreduce_sum(self, tensors: Sequence[Any], names: Sequence[str]) -> list[Any]:
+        return [self._sum(t, name) for t, name in zip(tensors, names, strict=True)]
+
+    def _sum(self, tensor: Any, name: str) -> Any:
+        if isinstance(tensor, tf.IndexedSlices):
+            # Horovod's own IndexedSlices path allgathers without names, which
+            # hangs when the ranks' graphs differ: name both halves.
+            values = self._hvd.allgather(tensor.values, name=f"{name}_values")
+            indices = self._hvd.allgather(tensor.indices, name=f"{name}_indices")
+            return tf.IndexedSlices(values, indices, tensor.dense_shape)
+        return self._hvd.allreduce(tensor, op=self._hvd.Sum, name=name)
 
     def allgather(self, tensor: tf.Tensor) -> tf.Tensor:
         return self._hvd.allgather(tensor)
 
-    def allgather_object(self, value: Any) -> list[Any]:
-        return list(self._hvd.allgather_object(value))
+    def allgather_object(self, value: Any, name: str) -> list[Any]:
+        return list(self._hvd.allgather_object(value, name=name))
 
-    def broadcast_object(self, value: Any) -> Any:
-        return self._hvd.broadcast_object(value, root_rank=0)
+    def broadcast_object(self, value: Any, name: str) -> Any:
+        return self._hvd.broadcast_object(value, root_rank=0, name=name)
 
     def broadcast_variables(self, variables: Sequence[Any]) -> None:
         resources = [getattr(v, "value", v) for v in variables]
@@ -108,8 +123,72 @@ class HorovodCollectives(Collectives):
     def barrier(self) -> None:
         self._hvd.allreduce(tf.constant(0.0), op=self._hvd.Sum, name="barrier").numpy()
 
-    def any_true(self, flag: tf.Tensor) -> tf.Tensor:
-        return self._hvd.allreduce(tf.cast(flag, tf.float32), op=self._hvd.Sum) > 0
+    def any_true(self, flags: tf.Tensor, name: str) -> tf.Tensor:
+        return self._hvd.allreduce(tf.cast(flags, tf.float32), op=self._hvd.Sum, name=name) > 0
+
+
+class RankMismatchError(RuntimeError):
+    """Ranks hold different plans, tables or settings, or one rank failed a step
+    that every rank must finish (a checkpoint write, a restore)."""
+
+
+def check_ranks_agree(collectives: Collectives, facts: Mapping[str, Any]) -> None:
+    """One allgather of every rank's `facts` (the plan, table shapes, model and
+    optimizer settings); raises `RankMismatchError` on every rank, naming the
+    first rank that differs from rank 0 and where, before anything is assembled
+    from mismatched pieces."""
+    everyone = collectives.allgather_object(dict(facts), name="check_ranks_agree")
+    reference = everyone[0]
+    for rank, theirs in enumerate(everyone[1:], start=1):
+        difference = first_difference(reference, theirs)
+        if difference is not None:
+            path, ours, other = difference
+            raise RankMismatchError(
+                f"the ranks disagree before training: rank {rank} differs from rank 0 in "
+                f"{path} (rank 0: {_short(ours)}, rank {rank}: {_short(other)}). Every rank "
+                f"must see the same FeatureSpec, --sharding_plan file and model, optimizer "
+                f"and batch flags"
+            )
+
+
+def first_difference(a: Any, b: Any, path: str = "") -> tuple[str, Any, Any] | None:
+    """(key path, a's value, b's value) of the first place where `a` and `b`
+    differ, or None. Dicts compare key by key, lists item by item."""
+    if isinstance(a, Mapping) and isinstance(b, Mapping):
+        for key in sorted(set(a) | set(b), key=str):
+            where = f"{path}.{key}" if path else str(key)
+            if key not in a or key not in b:
+                return where, a.get(key, "<missing>"), b.get(key, "<missing>")
+            found = first_difference(a[key], b[key], where)
+            if found is not None:
+                return found
+        return None
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        if len(a) != len(b):
+            return f"{path} (length)", len(a), len(b)
+        for index, (x, y) in enumerate(zip(a, b, strict=True)):
+            found = first_difference(x, y, f"{path}[{index}]")
+            if found is not None:
+                return found
+        return None
+    return None if a == b else (path, a, b)
+
+
+def _short(value: Any, limit: int = 120) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def failures_on_any_rank(
+    collectives: Collectives, error: BaseException | None, name: str
+) -> list[tuple[int, str]]:
+    """(rank, message) of every rank whose `error` is not None, the same list on
+    every rank: one allgather, which every rank reaches whether its own part
+    succeeded or not, so a failure on one rank stops all of them at once
+    instead of leaving the others waiting in their next collective."""
+    message = None if error is None else f"{type(error).__name__}: {error}"
+    everyone = collectives.allgather_object(message, name=name)
+    return [(rank, text) for rank, text in enumerate(everyone) if text is not None]
 
 
 def pin_gpu(local_rank: int) -> None:

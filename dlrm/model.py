@@ -98,8 +98,8 @@ class Dlrm(keras.Model):
 
     Args:
         config: the architecture.
-        embeddings: the embeddings layer; `LocalEmbeddings` (every table here) by
-            default, the sharded implementation under horovodrun.
+        embeddings: an `Embeddings` layer; `LocalEmbeddings` (every table here)
+            by default, `ShardedEmbeddings` under horovodrun.
         dtype_policy: "float32", "mixed_bfloat16" or "mixed_float16" for the
             MLPs and interaction; embeddings stay float32 whatever the policy.
         seed: seeds the default embeddings' initial values.
@@ -118,7 +118,7 @@ class Dlrm(keras.Model):
         self.dtype_policy_name = dtype_policy
         self.bottom_mlp = mlp(config.bottom_mlp_dims, "bottom_mlp", dtype_policy=dtype_policy)
         self.embeddings = embeddings or LocalEmbeddings(
-            config.cardinalities, config.embedding_dim, seed=seed
+            config.cardinalities, config.embedding_dim, seed=seed, hotness=config.hotness
         )
         self.interaction = DotInteraction(dtype=dtype_policy)
         self.top_mlp = mlp(
@@ -145,4 +145,4 @@ class Dlrm(keras.Model):
 
     def call(self, numerical: tf.Tensor, categorical: Any) -> tf.Tensor:
         """numerical [B, n_numerical], ids as the embeddings take them -> logits [B, 1]."""
-        return self.dense_forward(numerical, self.embeddings(categorical))
+        return self.dense_forward(numerical, self.embeddings(categorical, tf.shape(numerical)[0]))

@@ -1,15 +1,21 @@
-"""One training step of DLRM, and batched prediction.
+"""One training step of DLRM.
 
-A step is three parts, so that `--xla` compiles only what XLA handles well and
-the sharded embeddings can run collectives outside the compiled function:
+A step is one `tf.function` in four parts, so that `--xla` compiles only what
+XLA handles well and the collectives of sharded embeddings run outside both the
+compiled function and autodiff:
 
-1. embedding lookup, recorded on a tape (sparse gather; alltoall when sharded);
+1. embedding lookup: input distribution and local lookup, recorded on a tape,
+   then the output distribution (alltoall when sharded) to [L, T, D] vectors;
 2. the dense part: bottom MLP, interaction, top MLP, loss and the gradients of
-   the loss with respect to the dense weights *and the looked-up vectors*, in
-   one function that `--xla` compiles with `jit_compile=True`;
-3. the embedding backward: the vectors' gradient pushed through the lookup
-   (`tape.gradient(..., output_gradients=...)`), giving row-sparse
-   `tf.IndexedSlices` that the optimizer applies to the rows looked up only.
+   the loss with respect to the dense weights *and the vectors*, in one
+   function that `--xla` compiles with `jit_compile=True`;
+3. the embedding backward: the vectors' gradient through the output
+   distribution (the reverse alltoall, on every rank), then through the local
+   lookup (`tape.gradient(..., output_gradients=...)`), giving row-sparse
+   `tf.IndexedSlices` that the optimizer applies to the rows looked up only;
+4. the data-parallel gradients (dense weights, replicated tables) summed over
+   ranks, and the update, applied only when every rank's loss and gradients
+   are finite.
 
 The loss is the weighted sum of binary cross-entropies divided by the *global*
 batch size, so that per-rank gradients add up to the 1-rank gradient.
@@ -33,6 +39,8 @@ from dlrm.dist import Collectives
 from dlrm.model import Dlrm
 from dlrm.optimizers import Optimizer
 from dlrm.precision import DynamicLossScale, Precision
+
+DENSE_EXCHANGE = "dense"
 
 
 class NonFiniteLossError(RuntimeError):
@@ -75,7 +83,7 @@ class Trainer:
         global_batch_size: the loss divides by it (the same on every rank).
         use_xla: compile the dense part with XLA.
         collectives: the ranks. Dense gradients and those of replicated
-            (data-parallel) tables are allreduce-summed; model-parallel shards'
+            (data-parallel) tables are summed over ranks; model-parallel shards'
             gradients already are the global loss's. One process by default.
     """
 
@@ -98,9 +106,9 @@ class Trainer:
         self.collectives = collectives or Collectives()
         model.build_all()
         self.dense_variables = list(model.dense_variables)
-        self.embedding_variables = list(model.embeddings.trainable_variables)
-        replicated = {id(v) for v in model.embeddings.replicated_variables}
-        self._replicated = [id(v) in replicated for v in self.embedding_variables]
+        self.embedding_variables = [variable for _, variable in model.embeddings.local_shards()]
+        self._exchange = [model.embeddings.gradient_exchange(v) for v in self.embedding_variables]
+        self._names = [shard.name for shard, _ in model.embeddings.local_shards()]
         optimizer.build(self.dense_variables + self.embedding_variables)
         # Batches consumed: drives the schedule and the data position on resume.
         self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
@@ -112,9 +120,7 @@ class Trainer:
         )
         self.loss_scale = DynamicLossScale() if precision.use_loss_scale else None
         self._dense_step = tf.function(self._dense_step_eager, jit_compile=use_xla)
-        self._predict_dense = tf.function(self._predict_dense_eager, jit_compile=use_xla)
         self._train_step = tf.function(self._train_step_eager)
-        self._predict = tf.function(self._predict_eager)
 
     # -------------------------------------------------------------- training
 
@@ -137,14 +143,20 @@ class Trainer:
 
     def _train_step_eager(self, batch: Batch) -> tf.Tensor:
         learning_rate = self.learning_rate(self.step)
+        embeddings = self.model.embeddings
+        local_rows = tf.shape(batch.numerical)[0]
         with tf.GradientTape() as tape:
-            vectors = self.model.embeddings(batch.categorical)
+            looked_up = embeddings.lookup(batch.categorical, local_rows)
+        vectors = embeddings.output_distribution(looked_up, local_rows)
         scale = self.loss_scale.scale if self.loss_scale else tf.constant(1.0)
         loss, dense_gradients, vector_gradients = self._dense_step(
             batch.numerical, vectors, batch.label, batch.weight, scale
         )
-        embedding_gradients = tape.gradient(
-            vectors, self.embedding_variables, output_gradients=vector_gradients
+        lookup_gradients = embeddings.output_distribution_gradient(vector_gradients, local_rows)
+        embedding_gradients = (
+            tape.gradient(looked_up, self.embedding_variables, output_gradients=lookup_gradients)
+            if self.embedding_variables
+            else []
         )
         if self.collectives.world_size > 1:
             dense_gradients, embedding_gradients = self._allreduce(
@@ -153,13 +165,18 @@ class Trainer:
         gradients = [*dense_gradients, *embedding_gradients]
         if self.loss_scale is not None:
             gradients = [_scale(g, 1.0 / scale) for g in gradients]
-        gradients_finite = tf.reduce_all(tf.stack([_is_finite(g) for g in gradients]))
+        # The received lookup gradients are checked too. Besides catching a NaN
+        # before it is scattered, this uses the reverse alltoall's result on a rank
+        # that holds no model-parallel shard (where nothing else does): TensorFlow
+        # would otherwise prune the collective while the other ranks wait in it.
+        checked = [*gradients, *tf.nest.flatten(lookup_gradients)]
+        gradients_finite = tf.reduce_all(tf.stack([_is_finite(g) for g in checked]))
         loss_finite = tf.math.is_finite(loss)
         if self.collectives.world_size > 1:  # every rank takes the same decision
-            gradients_finite = tf.logical_not(
-                self.collectives.any_true(tf.logical_not(gradients_finite))
-            )
-            loss_finite = tf.logical_not(self.collectives.any_true(tf.logical_not(loss_finite)))
+            flags = tf.stack([tf.logical_not(gradients_finite), tf.logical_not(loss_finite)])
+            failed_anywhere = self.collectives.any_true(flags, name="non_finite")
+            gradients_finite = tf.logical_not(failed_anywhere[0])
+            loss_finite = tf.logical_not(failed_anywhere[1])
         apply = tf.logical_and(gradients_finite, loss_finite)
         variables = [*self.dense_variables, *self.embedding_variables]
 
@@ -182,14 +199,36 @@ class Trainer:
     def _allreduce(
         self, dense: Sequence[Any], embedding: Sequence[Any]
     ) -> tuple[list[Any], list[Any]]:
-        """Sums the data-parallel gradients over ranks; model-parallel ones pass."""
-        replicated = [g for g, r in zip(embedding, self._replicated, strict=True) if r]
-        reduced = self.collectives.allreduce_sum([*dense, *replicated])
-        dense_out = reduced[: len(dense)]
-        rest = iter(reduced[len(dense) :])
-        embedding_out = [
-            next(rest) if r else g for g, r in zip(embedding, self._replicated, strict=True)
-        ]
+        """Sums the data-parallel gradients over ranks; model-parallel ones pass.
+
+        Every collective is named, so that ranks whose graphs differ (they hold
+        different shards) still pair them up."""
+        names = [f"gradient_dense_{i}" for i in range(len(dense))]
+        tensors = list(dense)
+        dense_tables = []
+        for position, (gradient, exchange) in enumerate(
+            zip(embedding, self._exchange, strict=True)
+        ):
+            if exchange is None:
+                continue
+            if exchange == DENSE_EXCHANGE:
+                variable = self.embedding_variables[position]
+                gradient = _with_counts(gradient, tf.shape(variable, out_type=tf.int64)[0])
+                dense_tables.append(position)
+            tensors.append(gradient)
+            names.append(f"gradient_{self._names[position]}")
+        reduced = iter(self.collectives.allreduce_sum(tensors, names))
+        dense_out = [next(reduced) for _ in dense]
+        embedding_out = []
+        for position, (gradient, exchange) in enumerate(
+            zip(embedding, self._exchange, strict=True)
+        ):
+            if exchange is None:
+                embedding_out.append(gradient)
+            elif position in dense_tables:
+                embedding_out.append(_looked_up_rows(next(reduced)))
+            else:
+                embedding_out.append(next(reduced))
         return dense_out, embedding_out
 
     def train_step(self, batch: Batch) -> tf.Tensor:
@@ -207,14 +246,22 @@ class Trainer:
                 float(self.learning_rate(tf.constant(step, tf.int64))),
             )
 
-    # ------------------------------------------------------------ prediction
 
-    def _predict_dense_eager(self, numerical: tf.Tensor, vectors: tf.Tensor) -> tf.Tensor:
-        return tf.sigmoid(self.model.dense_forward(numerical, vectors))
+def _with_counts(gradient: Any, rows: tf.Tensor) -> tf.Tensor:
+    """A replicated table's sparse gradient as a dense [rows, D + 1] array: the
+    summed gradient of each row, and how often the row was looked up."""
+    if not isinstance(gradient, tf.IndexedSlices):
+        raise TypeError("a replicated table's gradient must be tf.IndexedSlices")
+    values = tf.math.unsorted_segment_sum(gradient.values, gradient.indices, rows)
+    ones = tf.ones_like(gradient.indices, dtype=values.dtype)[:, None]
+    counts = tf.math.unsorted_segment_sum(ones, gradient.indices, rows)
+    return tf.concat([values, counts], axis=1)
 
-    def _predict_eager(self, numerical: tf.Tensor, categorical: Any) -> tf.Tensor:
-        return self._predict_dense(numerical, self.model.embeddings(categorical))
 
-    def predict(self, numerical: tf.Tensor, categorical: Any) -> tf.Tensor:
-        """Click probabilities [B, 1] float32."""
-        return self._predict(numerical, categorical)
+def _looked_up_rows(summed: tf.Tensor) -> tf.IndexedSlices:
+    """The rows of an allreduced `_with_counts` array that some rank looked up, as
+    the sparse gradient one process computes (same rows, so lazy optimizers
+    leave the same rows alone)."""
+    rows = tf.cast(tf.where(summed[:, -1] > 0)[:, 0], tf.int32)
+    values = tf.gather(summed[:, :-1], rows)
+    return tf.IndexedSlices(values, rows, tf.shape(summed[:, :-1], out_type=tf.int32))

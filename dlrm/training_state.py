@@ -4,13 +4,16 @@ embedding shards, their optimizer slots, the step and the loss scale."""
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+import shutil
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from dlrm.checkpoint import Checkpoint, CheckpointError, CheckpointWriter
+from dlrm.dist import Collectives, failures_on_any_rank
+from dlrm.embedding.shard import ShardingKind, TableShard
 from dlrm.model import Dlrm
 from dlrm.optimizers import variable_name
 from dlrm.trainer import Trainer
@@ -32,15 +35,70 @@ def save_training_state(
     shards in parallel into the staging directory rank 0 created (a filesystem
     all ranks share); rank 0 writes the dense part and replicated tables, then
     the manifest once every rank has finished. No rank gathers the model.
+
+    Each of the three stages ends in one collective that every rank reaches
+    whether its part worked or not; if any rank failed, every rank raises
+    `CheckpointError` with that rank's message at once, nothing is published,
+    and the previous checkpoints stay as they were.
     """
     trainer.check_finite()
     collectives = trainer.collectives
     lead = collectives.rank == 0
     step = int(trainer.step.numpy())
-    writer = CheckpointWriter(root, step, create=lead) if lead else None
-    collectives.barrier()
-    if writer is None:
-        writer = CheckpointWriter(root, step, create=False)
+    writer: CheckpointWriter | None = None
+
+    def stage() -> None:
+        nonlocal writer
+        if lead:
+            writer = CheckpointWriter(root, step, create=True)
+
+    _on_every_rank(collectives, f"staging checkpoint step {step} in {root}", "save_stage", stage)
+    contents: dict[str, Any] = {}
+
+    def write() -> None:
+        nonlocal writer
+        if writer is None:
+            writer = CheckpointWriter(root, step, create=False)
+        if lead:
+            writer.add_dense(_dense_arrays(trainer, step))
+        for shard, variable in trainer.model.embeddings.local_shards():
+            if shard.kind == ShardingKind.DATA_PARALLEL and not lead:
+                continue  # rank 0 writes the one copy
+            writer.add_table_shard(
+                shard,
+                trainer.model.embeddings.table_shape(shard.table),
+                np.asarray(variable.numpy()),
+                {slot: value.numpy() for slot, value in trainer.optimizer.slots(variable).items()},
+            )
+        contents.update(writer.contents())
+
+    error = _attempt(write)
+    gathered = collectives.allgather_object(
+        (None if error is None else f"{type(error).__name__}: {error}", contents),
+        name="save_write",
+    )
+    failed = [(rank, message) for rank, (message, _) in enumerate(gathered) if message]
+    if failed:
+        if lead and writer is not None:
+            shutil.rmtree(writer.staging, ignore_errors=True)
+        raise _failure(f"writing checkpoint step {step} in {root}", failed, error)
+
+    def publish() -> None:
+        if lead and writer is not None:
+            writer.commit(
+                {**manifest_fields, "optimizer": trainer.optimizer.hyperparameters()},
+                keep=keep,
+                gathered=[part for _, part in gathered],
+            )
+
+    _on_every_rank(
+        collectives, f"publishing checkpoint step {step} in {root}", "save_publish", publish
+    )
+    assert writer is not None
+    return writer.final
+
+
+def _dense_arrays(trainer: Trainer, step: int) -> dict[str, np.ndarray]:
     dense: dict[str, np.ndarray] = {
         STEP_KEY: np.asarray(step, np.int64),
         ITERATIONS_KEY: np.asarray(trainer.optimizer.iterations.numpy()),
@@ -53,31 +111,38 @@ def save_training_state(
         dense[name] = np.asarray(variable.numpy())
         for slot, slot_variable in trainer.optimizer.slots(variable).items():
             dense[f"{name}/{slot}"] = slot_variable.numpy()
-    if lead:
-        writer.add_dense(dense)
-    for shard in trainer.model.embeddings.local_shards():
-        if shard.replicated and not lead:
-            continue
-        writer.add_table_shard(
-            shard.table,
-            shard.shape,
-            shard.rows,
-            shard.columns,
-            np.asarray(shard.variable.numpy()),
-            {
-                slot: value.numpy()
-                for slot, value in trainer.optimizer.slots(shard.variable).items()
-            },
-        )
-    gathered = collectives.allgather_object(writer.contents())
-    if lead:
-        writer.commit(
-            {**manifest_fields, "optimizer": trainer.optimizer.hyperparameters()},
-            keep=keep,
-            gathered=gathered,
-        )
-    collectives.barrier()  # published before any rank goes on (or restores it)
-    return writer.final
+    return dense
+
+
+def _attempt(action: Callable[[], None]) -> Exception | None:
+    """Runs `action`; returns what it raised, to be shared with the other ranks
+    (any exception: a rank must never leave its peers waiting)."""
+    try:
+        action()
+    except Exception as error:  # reported to every rank, then raised
+        return error
+    return None
+
+
+def _failure(
+    what: str, failed: Sequence[tuple[int, str]], own: BaseException | None
+) -> CheckpointError:
+    (rank, message), *others = failed
+    also = "".join(f"; on rank {r}: {m}" for r, m in others)
+    error = CheckpointError(f"{what} failed on rank {rank}: {message}{also}")
+    error.__cause__ = own
+    return error
+
+
+def _on_every_rank(
+    collectives: Collectives, what: str, name: str, action: Callable[[], None]
+) -> None:
+    """Runs `action` on every rank; raises `CheckpointError` on every rank if it
+    failed on any (one collective, reached by every rank)."""
+    error = _attempt(action)
+    failed = failures_on_any_rank(collectives, error, name)
+    if failed:
+        raise _failure(what, failed, error)
 
 
 def check_model_matches(checkpoint: Checkpoint, model_config: Mapping[str, Any]) -> None:
@@ -97,18 +162,32 @@ def check_model_matches(checkpoint: Checkpoint, model_config: Mapping[str, Any])
 
 
 def restore_model_weights(model: Dlrm, checkpoint: Checkpoint) -> None:
-    """Loads dense weights and embedding tables (not optimizer state) into `model`."""
+    """Loads dense weights and embedding tables (not optimizer state) into `model`.
+
+    Reads only what this process holds, in bounded chunks written straight into
+    the variables, so a resharding restore needs one chunk of extra host memory,
+    not a copy of the shard."""
     model.build_all()
     for variable in model.dense_variables:
         variable.assign(checkpoint.dense_array(variable_name(variable), variable.shape))
-    for shard in model.embeddings.local_shards():
+    for shard, variable in model.embeddings.local_shards():
         shape = checkpoint.table_shape(shard.table)
-        if shape != tuple(shard.shape):
+        expected = model.embeddings.table_shape(shard.table)
+        if shape != tuple(expected):
             raise CheckpointError(
                 f"{checkpoint.path}: table {shard.table} has shape {list(shape)}, the model "
-                f"expects {list(shard.shape)} (another dataset or --embedding_dim?)"
+                f"expects {list(expected)} (another dataset or --embedding_dim?)"
             )
-        shard.variable.assign(checkpoint.read_table_slice(shard.table, shard.rows, shard.columns))
+        _restore_shard(checkpoint, shard, variable, None)
+
+
+def _restore_shard(
+    checkpoint: Checkpoint, shard: TableShard, variable: Any, slot: str | None
+) -> None:
+    def assign(offset: int, chunk: np.ndarray) -> None:
+        variable[offset : offset + len(chunk)].assign(chunk)
+
+    checkpoint.restore_table_slice(shard.table, shard.rows, shard.columns, assign, slot=slot)
 
 
 def restore_training_state(trainer: Trainer, checkpoint: Checkpoint) -> int:
@@ -125,11 +204,9 @@ def restore_training_state(trainer: Trainer, checkpoint: Checkpoint) -> int:
         name = variable_name(variable)
         for slot, slot_variable in trainer.optimizer.slots(variable).items():
             slot_variable.assign(checkpoint.dense_array(f"{name}/{slot}", variable.shape))
-    for shard in trainer.model.embeddings.local_shards():
-        for slot, slot_variable in trainer.optimizer.slots(shard.variable).items():
-            slot_variable.assign(
-                checkpoint.read_table_slice(shard.table, shard.rows, shard.columns, slot)
-            )
+    for shard, variable in trainer.model.embeddings.local_shards():
+        for slot, slot_variable in trainer.optimizer.slots(variable).items():
+            _restore_shard(checkpoint, shard, slot_variable, slot)
     step = int(checkpoint.dense_array(STEP_KEY))
     trainer.step.assign(step)
     trainer.optimizer.iterations.assign(int(checkpoint.dense_array(ITERATIONS_KEY)))
@@ -137,3 +214,12 @@ def restore_training_state(trainer: Trainer, checkpoint: Checkpoint) -> int:
         trainer.loss_scale.scale.assign(checkpoint.dense_array(LOSS_SCALE_KEYS[0]))
         trainer.loss_scale.good_steps.assign(checkpoint.dense_array(LOSS_SCALE_KEYS[1]))
     return step
+
+
+def restore_on_every_rank(collectives: Collectives, path: str, restore: Callable[[], Any]) -> Any:
+    """Runs `restore` (open, check and load a checkpoint) on every rank; if it
+    fails on any rank, every rank raises `CheckpointError` naming that rank and
+    its error, instead of the others waiting for it in their first step."""
+    result: list[Any] = []
+    _on_every_rank(collectives, f"restoring {path}", "restore", lambda: result.append(restore()))
+    return result[0]

@@ -3,29 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
-import keras
-import numpy as np
 import tensorflow as tf
 
-from dlrm.embedding.initializer import initial_table_values
+from dlrm.embedding.base import Embeddings
+from dlrm.embedding.shard import ShardingKind, TableShard
 
 
-class TableShardVariable(NamedTuple):
-    """Rows [r0, r1) x columns [c0, c1) of table `table` (whole shape `shape`),
-    held in `variable` [r1 - r0, c1 - c0]. `replicated`: every rank holds the same
-    copy (a data-parallel table); one rank writes it to checkpoints."""
-
-    table: int
-    shape: tuple[int, int]
-    rows: tuple[int, int]
-    columns: tuple[int, int]
-    variable: Any
-    replicated: bool = False
-
-
-class LocalEmbeddings(keras.layers.Layer):
+class LocalEmbeddings(Embeddings):
     """One float32 variable [rows, D] per table, on this process.
 
     Initialised by `initial_table_values` (uniform in +-sqrt(1 / rows), as the
@@ -38,53 +24,43 @@ class LocalEmbeddings(keras.layers.Layer):
     """
 
     def __init__(
-        self, cardinalities: Sequence[int], dim: int, seed: int = 0, **kwargs: Any
+        self,
+        cardinalities: Sequence[int],
+        dim: int,
+        seed: int = 0,
+        hotness: Sequence[int] | None = None,
+        **kwargs: Any,
     ) -> None:
-        kwargs.setdefault("name", "embeddings")
-        super().__init__(dtype="float32", **kwargs)
-        self.cardinalities = tuple(int(c) for c in cardinalities)
-        self.dim = dim
-        self.seed = seed
-        self.tables = []
-        for index, rows in enumerate(self.cardinalities):
-            self.tables.append(
-                self.add_weight(
-                    shape=(rows, dim),
-                    initializer=self._initializer(index),
-                    name=f"table_{index}",
-                    dtype="float32",
-                )
-            )
+        tables = len(cardinalities)
+        super().__init__(
+            cardinalities, [dim] * tables, hotness or [1] * tables, seed=seed, **kwargs
+        )
+        self.shards = [
+            TableShard(t, ShardingKind.TABLE_WISE, 0, (0, rows), (0, dim))
+            for t, rows in enumerate(self.cardinalities)
+        ]
+        self.tables = [self.create_shard_variable(shard) for shard in self.shards]
 
-    def _initializer(self, index: int) -> Any:
-        rows, dim, seed = self.cardinalities[index], self.dim, self.seed
+    def local_shards(self) -> list[tuple[TableShard, Any]]:
+        return list(zip(self.shards, self.tables, strict=True))
 
-        def initialize(shape: Any, dtype: Any = None) -> np.ndarray:
-            return initial_table_values(index, rows, dim, seed)
+    # One process: ids are already here and the vectors stay here.
 
-        return initialize
+    def input_distribution(self, ids: Any, local_rows: Any) -> Any:
+        return ids
 
-    @property
-    def replicated_variables(self) -> list[Any]:
-        """Variables whose gradients are allreduced across ranks: none here."""
-        return []
-
-    def call(self, ids: Any) -> tf.Tensor:
-        if isinstance(ids, (tuple, list)):
+    def local_lookup(self, routed: Any, local_rows: Any) -> tf.Tensor:
+        if isinstance(routed, (tuple, list)):
             vectors = [
                 tf.reduce_sum(tf.gather(table, table_ids), axis=1)
-                for table, table_ids in zip(self.tables, ids, strict=True)
+                for table, table_ids in zip(self.tables, routed, strict=True)
             ]
         else:
-            vectors = [tf.gather(table, ids[:, t]) for t, table in enumerate(self.tables)]
+            vectors = [tf.gather(table, routed[:, t]) for t, table in enumerate(self.tables)]
         return tf.stack(vectors, axis=1)
 
-    # ------------------------------------------------------------ checkpoints
+    def output_distribution(self, looked_up: Any, local_rows: Any) -> tf.Tensor:
+        return looked_up
 
-    def local_shards(self) -> list[TableShardVariable]:
-        """The table slices this process holds, each with its variable: here,
-        every whole table."""
-        return [
-            TableShardVariable(t, (rows, self.dim), (0, rows), (0, self.dim), variable)
-            for t, (rows, variable) in enumerate(zip(self.cardinalities, self.tables, strict=True))
-        ]
+    def output_distribution_gradient(self, gradient: tf.Tensor, local_rows: Any) -> Any:
+        return gradient

@@ -30,11 +30,13 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-DATA_PARALLEL = "data_parallel"
-TABLE_WISE = "table_wise"
-COLUMN_WISE = "column_wise"
-ROW_WISE = "row_wise"
-KINDS = (DATA_PARALLEL, TABLE_WISE, COLUMN_WISE, ROW_WISE)
+from dlrm.embedding.shard import Range, ShardError, ShardingKind, TableShard
+from feature_spec.staged import write_file_atomically
+
+DATA_PARALLEL = ShardingKind.DATA_PARALLEL
+TABLE_WISE = ShardingKind.TABLE_WISE
+COLUMN_WISE = ShardingKind.COLUMN_WISE
+ROW_WISE = ShardingKind.ROW_WISE
 STRATEGIES = ("cost", "memory_balanced", "basic")
 
 # Defaults, in elements (rows x dim); docs/sharding.md explains them for Criteo.
@@ -47,8 +49,9 @@ DEFAULT_COLUMN_SLICE_THRESHOLD = 2**30
 # Above 2^33 (32 GiB in float32, larger than any Criteo table): split by rows.
 # Smaller tables go row-wise only when they do not fit a rank's budget otherwise.
 DEFAULT_ROW_SLICE_THRESHOLD = 2**33
-
-Range = tuple[int, int]
+# Gradient exchange of replicated tables is costed at this global batch when the
+# caller gives none (NVIDIA's default --batch_size).
+DEFAULT_GLOBAL_BATCH_SIZE = 65536
 
 
 class PlanError(ValueError):
@@ -89,27 +92,57 @@ class TableSpec:
 
 
 @dataclasses.dataclass(frozen=True)
-class Shard:
-    """Rows [r0, r1) x columns [c0, c1) of a table, held by `rank`."""
+class GradientExchange:
+    """How the gradient of a replicated table is summed over the ranks each step.
 
-    rank: int
-    rows: Range
-    columns: Range
+    `dense`: the table-sized gradient with a count of lookups per row (so that
+    only rows looked up on some rank are updated) in one ring allreduce;
+    `sparse`: every rank's looked-up rows (values and ids) allgathered. `bytes`
+    is what one rank sends per step, the cheaper of the two.
+    """
 
-    def __post_init__(self) -> None:
-        (r0, r1), (c0, c1) = self.rows, self.columns
-        if self.rank < 0 or not (0 <= r0 < r1 and 0 <= c0 < c1):
-            raise PlanError(
-                f"invalid shard: rank {self.rank}, rows {self.rows}, columns {self.columns}"
-            )
+    method: str
+    bytes: int
 
-    def memory_bytes(self, spec: TableSpec, optimizer_slots: int = 0) -> int:
-        rows, columns = self.rows[1] - self.rows[0], self.columns[1] - self.columns[0]
-        return rows * columns * spec.dtype_bytes * (1 + optimizer_slots)
 
-    def lookup_bytes(self, spec: TableSpec) -> int:
-        """Bytes this shard looks up and sends per sample of the global batch."""
-        return spec.hotness * (self.columns[1] - self.columns[0]) * spec.dtype_bytes
+def replicated_gradient_exchange(
+    spec: TableSpec, world_size: int, global_batch_size: int
+) -> GradientExchange:
+    """The cheaper way to sum a replicated table's gradient over `world_size` ranks.
+
+    A ring allreduce sends 2 (W - 1) / W of the [rows, dim + 1] array per rank;
+    an allgather of the sparse gradient sends (W - 1) / W of the global batch's
+    `global_batch_size x hotness` rows of dim + 1 values (the id with them).
+    The trainer applies this same choice, so the plan's figures are what runs.
+    """
+    if world_size == 1:
+        return GradientExchange("none", 0)
+    share = (world_size - 1) / world_size
+    row_bytes = (spec.dim + 1) * spec.dtype_bytes
+    dense = math.ceil(2 * share * spec.rows * row_bytes)
+    sparse = math.ceil(share * global_batch_size * spec.hotness * row_bytes)
+    return (
+        GradientExchange("dense", dense) if dense <= sparse else GradientExchange("sparse", sparse)
+    )
+
+
+def shard_memory_bytes(shard: TableShard, spec: TableSpec, optimizer_slots: int = 0) -> int:
+    """Bytes of `shard`'s values and optimizer slots."""
+    return shard.elements * spec.dtype_bytes * (1 + optimizer_slots)
+
+
+def shard_lookup_bytes(shard: TableShard, spec: TableSpec) -> int:
+    """Bytes `shard` gathers per sample of the global batch: `hotness` row slices
+    of its width (a row range is asked for every id; those outside it cost a
+    comparison, not a gather, but are counted: their share is not known here)."""
+    return spec.hotness * shard.width * spec.dtype_bytes
+
+
+def shard_sent_bytes(shard: TableShard, spec: TableSpec) -> int:
+    """Bytes `shard` sends through the alltoall per sample of the global batch:
+    its pooled vector slice (a row range its full-width partial sum), forward;
+    the backward sends as many."""
+    return shard.width * spec.dtype_bytes
 
 
 def _tiles(ranges: Sequence[Range], size: int) -> bool:
@@ -132,16 +165,23 @@ class TablePlan:
     """
 
     table: int
-    kind: str
+    kind: ShardingKind
     spec: TableSpec
-    shards: tuple[Shard, ...]
+    shards: tuple[TableShard, ...]
 
     def __post_init__(self) -> None:
+        try:
+            object.__setattr__(self, "kind", ShardingKind(self.kind))
+        except ValueError as error:
+            kinds = [k.value for k in ShardingKind]
+            raise PlanError(
+                f"table {self.table}: kind {self.kind!r} is not one of {kinds}"
+            ) from error
         where = f"table {self.table} ({self.kind})"
-        if self.kind not in KINDS:
-            raise PlanError(f"table {self.table}: kind {self.kind!r} is not one of {KINDS}")
         rows, dim = self.spec.rows, self.spec.dim
         for shard in self.shards:
+            if (shard.table, shard.kind) != (self.table, self.kind):
+                raise PlanError(f"{where}: holds a shard of table {shard.table} ({shard.kind})")
             if shard.rows[1] > rows or shard.columns[1] > dim:
                 raise PlanError(
                     f"{where}: shard rows {shard.rows} columns {shard.columns} is outside "
@@ -175,19 +215,24 @@ class ShardingPlan:
 
     Validated on construction: tables 0..T-1 each exactly once, in order, every
     shard on a rank in [0, world_size), data-parallel tables on every rank.
-    Memory summaries count `optimizer_slots` slots per element.
+    Memory summaries count `optimizer_slots` slots per element; gradient
+    exchange of replicated tables is costed at `global_batch_size`. `notes` say
+    why the planner departed from the thresholds (e.g. to give every rank work).
     """
 
     world_size: int
     strategy: str
     tables: tuple[TablePlan, ...]
     optimizer_slots: int = 0
+    global_batch_size: int = DEFAULT_GLOBAL_BATCH_SIZE
+    notes: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
-        if self.world_size < 1 or self.optimizer_slots < 0:
+        if self.world_size < 1 or self.optimizer_slots < 0 or self.global_batch_size < 1:
             raise PlanError(
                 f"world size {self.world_size} (expected >= 1), optimizer slots "
-                f"{self.optimizer_slots} (expected >= 0)"
+                f"{self.optimizer_slots} (expected >= 0), global batch size "
+                f"{self.global_batch_size} (expected >= 1)"
             )
         if self.strategy not in STRATEGIES:
             raise PlanError(f"strategy {self.strategy!r} is not one of {STRATEGIES}")
@@ -226,9 +271,14 @@ class ShardingPlan:
 
     # ------------------------------------------------------------------ views
 
-    def local_shards(self, rank: int) -> list[tuple[int, Shard]]:
-        """(table, shard) for every shard `rank` holds, data-parallel copies included."""
-        return [(t.table, s) for t in self.tables for s in t.shards if s.rank == rank]
+    @property
+    def shards(self) -> list[TableShard]:
+        """Every shard of every table (a data-parallel table: one per rank)."""
+        return [shard for table in self.tables for shard in table.shards]
+
+    def local_shards(self, rank: int) -> list[TableShard]:
+        """Every shard `rank` holds, data-parallel copies included."""
+        return [shard for shard in self.shards if shard.rank == rank]
 
     def tables_on(self, rank: int) -> list[int]:
         """Model-parallel tables with a shard on `rank`: under model-parallel input
@@ -237,7 +287,7 @@ class ShardingPlan:
         return [
             t.table
             for t in self.tables
-            if t.kind != DATA_PARALLEL and any(s.rank == rank for s in t.shards)
+            if t.kind.is_model_parallel and any(s.rank == rank for s in t.shards)
         ]
 
     def data_parallel_tables(self) -> list[int]:
@@ -248,18 +298,41 @@ class ShardingPlan:
         memory = [0] * self.world_size
         for table in self.tables:
             for shard in table.shards:
-                memory[shard.rank] += shard.memory_bytes(table.spec, self.optimizer_slots)
+                memory[shard.rank] += shard_memory_bytes(shard, table.spec, self.optimizer_slots)
         return memory
 
     def lookup_bytes_per_rank(self) -> list[int]:
-        """Model-parallel lookup bytes each rank sends per global-batch sample.
+        """Model-parallel bytes each rank gathers per global-batch sample.
         Data-parallel lookups are local and the same on every rank: not counted."""
         lookup = [0] * self.world_size
         for table in self.tables:
-            if table.kind != DATA_PARALLEL:
+            if table.kind.is_model_parallel:
                 for shard in table.shards:
-                    lookup[shard.rank] += shard.lookup_bytes(table.spec)
+                    lookup[shard.rank] += shard_lookup_bytes(shard, table.spec)
         return lookup
+
+    def gradient_exchange(self, table: int) -> GradientExchange:
+        """How the gradient of replicated table `table` is summed (what the trainer does)."""
+        entry = self.tables[table]
+        if entry.kind != DATA_PARALLEL:
+            raise PlanError(f"table {table} is {entry.kind}, not data_parallel")
+        return replicated_gradient_exchange(entry.spec, self.world_size, self.global_batch_size)
+
+    def traffic_bytes_per_rank(self) -> list[int]:
+        """Bytes each rank sends per step: alltoall of its model-parallel shards'
+        vectors (forward and backward: 2 x (W - 1) / W of [G, width]) plus the
+        gradient exchange of the replicated tables."""
+        share = (self.world_size - 1) / self.world_size
+        sent = [0.0] * self.world_size
+        replicated = 0
+        for table in self.tables:
+            if table.kind == DATA_PARALLEL:
+                replicated += self.gradient_exchange(table.table).bytes
+                continue
+            for shard in table.shards:
+                per_sample = shard_sent_bytes(shard, table.spec)
+                sent[shard.rank] += 2 * share * self.global_batch_size * per_sample
+        return [math.ceil(value) + replicated for value in sent]
 
     # ---------------------------------------------------------- serialisation
 
@@ -268,10 +341,12 @@ class ShardingPlan:
             "world_size": self.world_size,
             "strategy": self.strategy,
             "optimizer_slots": self.optimizer_slots,
+            "global_batch_size": self.global_batch_size,
+            "notes": list(self.notes),
             "tables": [
                 {
                     "table": t.table,
-                    "kind": t.kind,
+                    "kind": t.kind.value,
                     "spec": dataclasses.asdict(t.spec),
                     "shards": [
                         {"rank": s.rank, "rows": list(s.rows), "columns": list(s.columns)}
@@ -289,10 +364,10 @@ class ShardingPlan:
             tables = tuple(
                 TablePlan(
                     int(t["table"]),
-                    str(t["kind"]),
+                    ShardingKind(t["kind"]),
                     TableSpec(**t["spec"]),
                     tuple(
-                        Shard(int(s["rank"]), _pair(s["rows"]), _pair(s["columns"]))
+                        TableShard.from_dict(s, table=int(t["table"]), kind=t["kind"])
                         for s in t["shards"]
                     ),
                 )
@@ -303,11 +378,14 @@ class ShardingPlan:
                 str(data["strategy"]),
                 tables,
                 int(data.get("optimizer_slots", 0)),
+                int(data.get("global_batch_size", DEFAULT_GLOBAL_BATCH_SIZE)),
+                tuple(str(note) for note in data.get("notes", ())),
             )
         except PlanError:
             raise
         except (KeyError, TypeError, ValueError) as error:
-            raise PlanError(f"not a sharding plan: {error!r}") from error
+            detail = str(error) if isinstance(error, ShardError) else repr(error)
+            raise PlanError(f"not a sharding plan: {detail}") from error
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=1)
@@ -328,23 +406,24 @@ class ShardingPlan:
 
     def save(self, path: str | os.PathLike[str]) -> Path:
         """Writes the plan as JSON, through a temporary file (never half-written)."""
-        path = Path(path)
-        temporary = path.with_name(f".{path.name}.partial")
-        temporary.write_text(self.to_json() + "\n")
-        os.replace(temporary, path)
-        return path
+        return write_file_atomically(path, self.to_json() + "\n")
 
     def format_table(self) -> str:
         """The plan as text: one line per table, then one per rank, then balance."""
         slots = self.optimizer_slots
         lines = [
             f"Sharding plan ({self.strategy}): {len(self.tables)} tables on "
-            f"{self.world_size} ranks, {slots} optimizer slot(s) per element",
+            f"{self.world_size} ranks, {slots} optimizer slot(s) per element, "
+            f"costed at a global batch of {self.global_batch_size:,}",
             f"{'table':>5}  {'rows':>13}  {'dim':>4}  {'kind':<13}  {'bytes':>10}  placement",
         ]
         for t in self.tables:
             if t.kind == DATA_PARALLEL:
-                placement = f"every rank ({self.world_size})"
+                exchange = self.gradient_exchange(t.table)
+                placement = (
+                    f"every rank ({self.world_size}); gradient: {exchange.method} "
+                    f"{format_bytes(exchange.bytes)}/step"
+                )
             elif t.kind == TABLE_WISE:
                 placement = f"rank {t.shards[0].rank}"
             else:
@@ -356,22 +435,21 @@ class ShardingPlan:
                 )
             size = format_bytes(t.spec.memory_bytes(slots))
             shape = f"{t.spec.rows:>13,}  {t.spec.dim:>4}"
-            lines.append(f"{t.table:>5}  {shape}  {t.kind:<13}  {size:>10}  {placement}")
+            lines.append(f"{t.table:>5}  {shape}  {t.kind.value:<13}  {size:>10}  {placement}")
         memory, lookup = self.memory_per_rank(), self.lookup_bytes_per_rank()
-        lines.append(f"{'rank':>5}  {'memory':>10}  {'lookup/sample':>13}  tables")
+        traffic = self.traffic_bytes_per_rank()
+        lines.append(
+            f"{'rank':>5}  {'memory':>10}  {'lookup/sample':>13}  {'sent/step':>10}  tables"
+        )
         for rank in range(self.world_size):
             tables = ",".join(str(t) for t in self.tables_on(rank)) or "-"
             lines.append(
                 f"{rank:>5}  {format_bytes(memory[rank]):>10}  "
-                f"{format_bytes(lookup[rank]):>13}  {tables}"
+                f"{format_bytes(lookup[rank]):>13}  {format_bytes(traffic[rank]):>10}  {tables}"
             )
         lines.append(f"max/mean: memory {_imbalance(memory):.3f}, lookup {_imbalance(lookup):.3f}")
+        lines.extend(f"note: {note}" for note in self.notes)
         return "\n".join(lines)
-
-
-def _pair(value: Sequence[Any]) -> Range:
-    start, stop = value
-    return int(start), int(stop)
 
 
 def _imbalance(values: Sequence[int]) -> float:
@@ -399,6 +477,8 @@ class PlannerConfig:
             (`--row_slice_threshold`).
         strategy: `cost`, `memory_balanced` or `basic` (`--sharding_strategy`).
         optimizer_slots: optimizer values kept per element (Adagrad 1, Adam 2).
+        global_batch_size: the training batch, for the cost of exchanging the
+            replicated tables' gradients (`--batch_size`).
     """
 
     world_size: int
@@ -408,8 +488,11 @@ class PlannerConfig:
     row_slice_threshold: int = DEFAULT_ROW_SLICE_THRESHOLD
     strategy: str = "cost"
     optimizer_slots: int = 0
+    global_batch_size: int = DEFAULT_GLOBAL_BATCH_SIZE
 
     def __post_init__(self) -> None:
+        if self.global_batch_size < 1:
+            raise PlanError(f"--batch_size: expected >= 1, got {self.global_batch_size}")
         if self.world_size < 1:
             raise PlanError(f"world size: expected >= 1, got {self.world_size}")
         if self.memory_budget_bytes is not None and self.memory_budget_bytes < 1:
@@ -453,9 +536,10 @@ def _describe(index: int, spec: TableSpec, slots: int) -> str:
     return f"table {index} ({spec.rows:,} x {spec.dim:,}, {size}{with_slots})"
 
 
-def _layout(
-    index: int, spec: TableSpec, config: PlannerConfig, available: int | None
-) -> tuple[str, list[tuple[Range, Range]]]:
+Layout = tuple[ShardingKind, list[tuple[Range, Range]]]
+
+
+def _layout(index: int, spec: TableSpec, config: PlannerConfig, available: int | None) -> Layout:
     """The kind of table `index` and its shards' (rows, columns), ranks not yet chosen.
 
     `available` is what a rank's budget leaves after the data-parallel tables.
@@ -507,8 +591,53 @@ def _layout(
     return ROW_WISE, [(r, (0, spec.dim)) for r in _split(spec.rows, parts)]
 
 
+def _use_every_rank(
+    layouts: Sequence[Layout], tables: Sequence[TableSpec], world_size: int
+) -> tuple[list[Layout], list[str]]:
+    """Slices the largest model-parallel tables further when they have fewer
+    shards than there are ranks, so that every rank holds one and none sits idle
+    in the lookups and the alltoall. Column slices first (they add no traffic),
+    rows once a table has fewer columns than slices. Returns the layouts and a
+    note per table changed."""
+    parts = {t: len(shards) for t, (kind, shards) in enumerate(layouts) if kind.is_model_parallel}
+    before = sum(parts.values())
+    if not parts or before >= world_size:
+        return list(layouts), []
+
+    def can_split(t: int) -> bool:
+        return parts[t] < world_size and parts[t] < max(tables[t].dim, tables[t].rows)
+
+    while sum(parts.values()) < world_size:
+        candidates = [t for t in parts if can_split(t)]
+        if not candidates:  # every table is split as far as it goes
+            break
+        largest = max(candidates, key=lambda t: (tables[t].elements / parts[t], -t))
+        parts[largest] += 1
+    result, notes = list(layouts), []
+    for t, count in sorted(parts.items()):
+        kind, shards = layouts[t]
+        if count == len(shards):
+            continue
+        spec = tables[t]
+        if kind != ROW_WISE and count <= spec.dim:
+            new: Layout = (
+                COLUMN_WISE,
+                [((0, spec.rows), c) for c in _column_slices(spec.dim, count)],
+            )
+        else:
+            new = (ROW_WISE, [(r, (0, spec.dim)) for r in _split(spec.rows, count)])
+        result[t] = new
+        notes.append(
+            f"table {t} ({spec.rows:,} x {spec.dim}) is {new[0].value} in {count} slices, "
+            f"not {kind.value} in {len(shards)}: the model-parallel tables had "
+            f"{before} shard(s) for {world_size} ranks, and a rank without one sits "
+            f"idle in the lookups"
+        )
+    return result, notes
+
+
 def _choose_ranks(
-    pieces: list[tuple[int, Shard]],
+    pieces: list[TableShard],
     tables: Sequence[TableSpec],
     config: PlannerConfig,
     available: int | None,
@@ -517,8 +646,11 @@ def _choose_ranks(
     model of the module docstring; PlanError if a piece fits no rank."""
     n = config.world_size
     costs = [
-        (shard.memory_bytes(tables[t], config.optimizer_slots), shard.lookup_bytes(tables[t]))
-        for t, shard in pieces
+        (
+            shard_memory_bytes(shard, tables[shard.table], config.optimizer_slots),
+            shard_lookup_bytes(shard, tables[shard.table]),
+        )
+        for shard in pieces
     ]
     # Normalise by the ideal per-rank load so that bytes of memory and bytes of
     # lookup traffic are comparable.
@@ -544,7 +676,8 @@ def _choose_ranks(
     )
     ranks = [0] * len(pieces)
     for count, i in enumerate(order):
-        table, shard = pieces[i]
+        shard = pieces[i]
+        table = shard.table
         if config.strategy == "basic":
             allowed = [count % n]
         else:
@@ -594,10 +727,11 @@ def plan_sharding(tables: Sequence[TableSpec], config: PlannerConfig) -> Shardin
         )
     available = None if budget is None else budget - per_rank
     layouts = [_layout(index, spec, config, available) for index, spec in enumerate(tables)]
+    layouts, notes = _use_every_rank(layouts, tables, n)
     pieces = [
-        (index, Shard(0, rows, columns))
+        TableShard(index, kind, 0, rows, columns)
         for index, (kind, shards) in enumerate(layouts)
-        if kind != DATA_PARALLEL
+        if kind.is_model_parallel
         for rows, columns in shards
     ]
     ranks = iter(_choose_ranks(pieces, tables, config, available))
@@ -605,8 +739,10 @@ def plan_sharding(tables: Sequence[TableSpec], config: PlannerConfig) -> Shardin
     for index, (kind, shards) in enumerate(layouts):
         # Data-parallel: shard i (the whole table) is rank i's copy.
         placed = tuple(
-            Shard(rank if kind == DATA_PARALLEL else next(ranks), rows, columns)
+            TableShard(index, kind, rank if kind == DATA_PARALLEL else next(ranks), rows, columns)
             for rank, (rows, columns) in enumerate(shards)
         )
         plans.append(TablePlan(index, kind, tables[index], placed))
-    return ShardingPlan(n, config.strategy, tuple(plans), slots)
+    return ShardingPlan(
+        n, config.strategy, tuple(plans), slots, config.global_batch_size, tuple(notes)
+    )

@@ -1,199 +1,89 @@
-"""Embedding tables sharded across ranks, executing a sharding plan.
+"""Embedding tables sharded across ranks, executing a `ShardingPlan`.
 
-Each rank holds some shards: whole tables (`table_wise`), column slices
-(`column_wise`), row ranges (`row_wise`), plus full copies of the small
-`data_parallel` tables. A forward pass, for global batch G over W ranks
-(local batch L = G / W):
+Each rank holds the `TableShard`s the plan gives it: whole tables
+(`table_wise`), column slices (`column_wise`), row ranges (`row_wise`), plus a
+full copy of every `data_parallel` table. For global batch G over W ranks (local
+batch L = G / W), a lookup is three steps:
 
-1. every rank has the ids of the global batch for the tables it holds shards
-   of (model-parallel input, read by the loader), or gets them from the other
-   ranks by one alltoall of ids (data-parallel input);
-2. it looks up each of its shards for all G rows: [G, columns of the shard]
-   (a row-wise shard contributes zeros for ids outside its range);
-3. one alltoall sends rows [j L, (j + 1) L) of all its shard outputs to rank j;
-4. each rank assembles its L rows of every table: column slices concatenated,
-   row-range partial sums added, data-parallel tables looked up locally.
+1. **input distribution**: the rank gets the ids of the global batch for the
+   tables it holds model-parallel shards of (model-parallel input: the loader
+   read them; data-parallel input: one alltoall of ids), and the ids of its
+   local rows for the replicated tables;
+2. **local lookup**: each shard pools its rows for all G samples, [G, width]
+   (a row range contributes zeros for ids outside it), and each replicated
+   table for the L local rows;
+3. **output distribution**: one alltoall sends rows [j L, (j + 1) L) of the
+   rank's shard outputs to rank j; each rank assembles its L rows of every
+   table (column slices concatenated, row-range partial sums added).
 
-The backward pass is the autodiff of the same alltoall (Horovod defines its
-gradient), so each shard receives the gradient of the *global* loss with respect
-to its rows. With the loss divided by the global batch size, that is exactly
-the gradient a single process computes: model-parallel gradients need no
-allreduce and no rescaling; data-parallel tables' gradients are allreduce-summed
-like the MLPs'.
+The backward pass is explicit, not the autodiff of the collectives:
+`output_distribution_gradient` sends each shard the gradient of its outputs by
+the reverse alltoall, which every rank runs on every step, whether or not it
+holds a shard. (Left to autodiff, a rank whose lookups reach no variable of its
+own would skip the backward alltoall that the others wait for, and the job would
+hang.) With the loss divided by G, each shard then receives exactly the gradient
+one process computes, so model-parallel gradients need no reduction.
+
+What each kind does in steps 2 and 3 is one `ShardPiece`; a new kind is a new
+piece in `PIECES`.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
-import keras
 import tensorflow as tf
 
 from dlrm.dist import Collectives
-from dlrm.embedding.initializer import initial_table_values
-from dlrm.embedding.local import TableShardVariable
-from dlrm.embedding.planner import ShardingPlan
-
-DATA_PARALLEL = "data_parallel"
-MODEL_PARALLEL_KINDS = ("table_wise", "column_wise", "row_wise")
+from dlrm.embedding.base import Embeddings
+from dlrm.embedding.planner import ShardingPlan, TableSpec, replicated_gradient_exchange
+from dlrm.embedding.shard import ShardingKind, TableShard
 
 
-@dataclasses.dataclass(frozen=True)
-class ShardAssignment:
-    """Rows [r0, r1) x columns [c0, c1) of `table`, held by `rank`."""
-
-    table: int
-    kind: str
-    rank: int
-    rows: tuple[int, int]
-    columns: tuple[int, int]
-
-    @property
-    def width(self) -> int:
-        return self.columns[1] - self.columns[0]
+def pooled_lookup(variable: Any, ids: tf.Tensor) -> tf.Tensor:
+    """Sum-pooled rows [B, width] of ids [B, hotness]."""
+    return tf.reduce_sum(tf.gather(variable, ids), axis=1)
 
 
-def assignments_from_plan(plan: ShardingPlan) -> list[ShardAssignment]:
-    """Every shard of `plan` (data-parallel tables: one whole copy per rank)."""
-    return [
-        ShardAssignment(table.table, table.kind, shard.rank, shard.rows, shard.columns)
-        for table in plan.tables
-        for shard in table.shards
-    ]
+class ShardPiece:
+    """What one sharding kind does in the local lookup and the output distribution."""
+
+    def lookup(self, shard: TableShard, variable: Any, ids: tf.Tensor) -> tf.Tensor:
+        """Pooled vectors [B, shard.width] of the shard, for ids [B, hotness]."""
+        return pooled_lookup(variable, ids)
+
+    def combine(self, parts: Sequence[tuple[TableShard, tf.Tensor]]) -> tf.Tensor:
+        """A table's [L, D] vectors from its shards' received [L, width] parts."""
+        (_, vectors) = parts[0]
+        return vectors
+
+    def gradient(self, shard: TableShard, table_gradient: tf.Tensor) -> tf.Tensor:
+        """The gradient of the shard's [L, width] part, from the table's [L, D]."""
+        return table_gradient
 
 
-class ShardedEmbeddings(keras.layers.Layer):
-    """The embeddings layer under horovodrun: same call as `LocalEmbeddings`.
+class WholeTable(ShardPiece):
+    """`table_wise` and `data_parallel`: the shard is the whole table."""
 
-    Args:
-        assignments: every shard of every table on every rank (from the plan);
-            a data-parallel table has one assignment per rank, each whole.
-        cardinalities, hotness: per table, from the FeatureSpec.
-        dim: embedding width.
-        collectives: rank, world size and the alltoall.
-        seed: initial values are `initial_table_values` slices, so N ranks
-            start from the weights one process would.
-        data_parallel_input: ids arrive for the local rows of all tables
-            (True) or for the global batch of this rank's tables (False).
 
-    Call with the ids the loader gives this rank: [B, n] int32 when every table
-    read is one-hot, else a tuple of [B, hotness]; tables in `input_tables`
-    order. Returns [L, T, D] float32 for the rank's local rows.
-    """
+class ColumnSlices(ShardPiece):
+    """`column_wise`: slices side by side."""
 
-    def __init__(
-        self,
-        assignments: Sequence[ShardAssignment],
-        cardinalities: Sequence[int],
-        hotness: Sequence[int],
-        dim: int,
-        collectives: Collectives,
-        seed: int = 0,
-        data_parallel_input: bool = False,
-        **kwargs: Any,
-    ) -> None:
-        kwargs.setdefault("name", "embeddings")
-        super().__init__(dtype="float32", **kwargs)
-        self.cardinalities = tuple(int(c) for c in cardinalities)
-        self.hotness = tuple(int(h) for h in hotness)
-        self.dim = dim
-        self.collectives = collectives
-        self.rank = collectives.rank
-        self.world_size = collectives.world_size
-        self.data_parallel_input = data_parallel_input
-        self.seed = seed
-        self.assignments = tuple(
-            sorted(assignments, key=lambda a: (a.rank, a.table, a.rows, a.columns))
-        )
-        self.replicated_tables = tuple(
-            sorted({a.table for a in assignments if a.kind == DATA_PARALLEL})
-        )
-        # Model-parallel shards per rank, in the order their outputs are sent.
-        self.sent = [
-            [a for a in self.assignments if a.rank == r and a.kind != DATA_PARALLEL]
-            for r in range(self.world_size)
-        ]
-        self.mine = self.sent[self.rank]
-        self.model_parallel_tables = [sorted({a.table for a in shards}) for shards in self.sent]
-        # Tables whose ids this rank reads (model-parallel input), in loader order.
-        self.input_tables = tuple(
-            range(len(self.cardinalities))
-            if data_parallel_input
-            else sorted(set(self.model_parallel_tables[self.rank]) | set(self.replicated_tables))
-        )
-        self.shard_variables = [self._variable(a, replicated=False) for a in self.mine]
-        self.mine_variables = [shard.variable for shard in self.shard_variables]
-        self.replicated: dict[int, Any] = {}
-        for table in self.replicated_tables:
-            whole = ShardAssignment(
-                table, DATA_PARALLEL, self.rank, (0, self.cardinalities[table]), (0, dim)
-            )
-            shard = self._variable(whole, replicated=True)
-            self.replicated[table] = shard.variable
-            self.shard_variables.append(shard)
+    def combine(self, parts: Sequence[tuple[TableShard, tf.Tensor]]) -> tf.Tensor:
+        ordered = sorted(parts, key=lambda part: part[0].columns)
+        return tf.concat([vectors for _, vectors in ordered], axis=1)
 
-    def _variable(self, a: ShardAssignment, replicated: bool) -> TableShardVariable:
-        rows, dim, seed = self.cardinalities[a.table], self.dim, self.seed
+    def gradient(self, shard: TableShard, table_gradient: tf.Tensor) -> tf.Tensor:
+        return table_gradient[:, shard.columns[0] : shard.columns[1]]
 
-        def initialize(shape: Any, dtype: Any = None) -> Any:
-            return initial_table_values(a.table, rows, dim, seed, a.rows, a.columns)
 
-        variable = self.add_weight(
-            shape=(a.rows[1] - a.rows[0], a.width),
-            initializer=initialize,
-            name=f"table_{a.table}_rows_{a.rows[0]}_{a.rows[1]}_cols_{a.columns[0]}_{a.columns[1]}",
-            dtype="float32",
-        )
-        return TableShardVariable(a.table, (rows, dim), a.rows, a.columns, variable, replicated)
+class RowRanges(ShardPiece):
+    """`row_wise`: partial sums over the ids each range holds."""
 
-    # ------------------------------------------------------------------ views
-
-    def local_shards(self) -> list[TableShardVariable]:
-        """This rank's shards (and its copies of replicated tables), for checkpoints."""
-        return list(self.shard_variables)
-
-    @property
-    def replicated_variables(self) -> list[Any]:
-        """Variables whose gradients are allreduced (the data-parallel tables)."""
-        return [self.replicated[t] for t in self.replicated_tables]
-
-    # ---------------------------------------------------------------- forward
-
-    def _ids_by_table(self, ids: Any, tables: Sequence[int]) -> dict[int, tf.Tensor]:
-        if isinstance(ids, (tuple, list)):
-            return {t: tf.convert_to_tensor(x) for t, x in zip(tables, ids, strict=True)}
-        return {t: ids[:, i : i + 1] for i, t in enumerate(tables)}
-
-    def _exchange_ids(self, local_ids: dict[int, tf.Tensor]) -> dict[int, tf.Tensor]:
-        """Data-parallel input: every rank's local-row ids of the tables this rank
-        holds model-parallel shards of, for the whole global batch (rank order)."""
-        blocks, splits = [], []
-        local = tf.shape(next(iter(local_ids.values())))[0]
-        for tables in self.model_parallel_tables:
-            width = sum(self.hotness[t] for t in tables)
-            if tables:
-                blocks.append(tf.reshape(tf.concat([local_ids[t] for t in tables], 1), [-1]))
-            splits.append(local * width)
-        sent = tf.concat(blocks, 0) if blocks else tf.zeros([0], tf.int32)
-        received = self.collectives.alltoall(sent, tf.stack(splits))
-        mine = self.model_parallel_tables[self.rank]
-        width = sum(self.hotness[t] for t in mine)
-        if not mine:
-            return {}
-        global_ids = tf.reshape(received, [-1, width])  # sources in rank order = global rows
-        columns = tf.split(global_ids, [self.hotness[t] for t in mine], axis=1)
-        return dict(zip(mine, columns, strict=True))
-
-    @staticmethod
-    def _lookup(variable: Any, ids: tf.Tensor, rows: tuple[int, int] | None = None) -> tf.Tensor:
-        """Sum-pooled vectors [B, width] of ids [B, h]; `rows`: a row-wise shard's
-        range (ids outside it contribute zero)."""
-        if rows is None:
-            return tf.reduce_sum(tf.gather(variable, ids), axis=1)
-        local = ids - rows[0]
-        inside = tf.logical_and(local >= 0, local < rows[1] - rows[0])
+    def lookup(self, shard: TableShard, variable: Any, ids: tf.Tensor) -> tf.Tensor:
+        local = ids - shard.rows[0]
+        inside = tf.logical_and(local >= 0, local < shard.height)
         # Gather only the ids inside the range, so that the gradient lists only rows
         # that were looked up: a zero-gradient entry for an outside id would still
         # move lazy Adam's moments of that row, which one process never touches.
@@ -201,49 +91,237 @@ class ShardedEmbeddings(keras.layers.Layer):
         shape = tf.concat(
             [tf.shape(ids, out_type=tf.int64), tf.shape(variable, out_type=tf.int64)[1:]], 0
         )
-        vectors = tf.scatter_nd(tf.where(inside), found, shape)  # [B, h, width]
+        vectors = tf.scatter_nd(tf.where(inside), found, shape)  # [B, hotness, width]
         return tf.reduce_sum(vectors, axis=1)
 
-    def call(self, ids: Any) -> tf.Tensor:
-        world = self.world_size
-        by_table = self._ids_by_table(ids, self.input_tables)
-        first = tf.shape(next(iter(by_table.values())))[0]
-        if self.data_parallel_input:
-            local_rows, local_ids = first, by_table
-            global_ids = self._exchange_ids(by_table) if world > 1 else by_table
-        else:
-            local_rows, global_ids = first // world, by_table
-            start = self.rank * local_rows
-            local_ids = {t: x[start : start + local_rows] for t, x in by_table.items()}
-        pieces: dict[int, list[tuple[ShardAssignment, tf.Tensor]]] = {}
-        if any(self.sent):  # the same on every rank: all take part in the alltoall
-            widths = [sum(a.width for a in shards) for shards in self.sent]
-            outputs = [
-                self._lookup(v, global_ids[a.table], a.rows if a.kind == "row_wise" else None)
-                for a, v in zip(self.mine, self.mine_variables, strict=True)
-            ]
-            block = (
-                tf.concat(outputs, axis=1) if outputs else tf.zeros([local_rows * world, 0])
-            )  # [G, C_me]; rows [j L, (j + 1) L) go to rank j
-            received = self.collectives.alltoall(
-                tf.reshape(block, [-1]), tf.fill([world], local_rows * widths[self.rank])
+    def combine(self, parts: Sequence[tuple[TableShard, tf.Tensor]]) -> tf.Tensor:
+        return tf.add_n([vectors for _, vectors in parts])
+
+
+PIECES: dict[ShardingKind, ShardPiece] = {
+    ShardingKind.DATA_PARALLEL: WholeTable(),
+    ShardingKind.TABLE_WISE: WholeTable(),
+    ShardingKind.COLUMN_WISE: ColumnSlices(),
+    ShardingKind.ROW_WISE: RowRanges(),
+}
+
+
+class RoutedIds(NamedTuple):
+    """Step 1's result: ids [G, hotness] per model-parallel table this rank holds
+    shards of, ids [L, hotness] per replicated table, and what the id alltoall
+    received (kept as a dependency: on a rank that holds no shard it is
+    otherwise unused, and tf.function would prune the collective the other
+    ranks wait in)."""
+
+    global_ids: dict[int, tf.Tensor]
+    local_ids: dict[int, tf.Tensor]
+    received: list[tf.Tensor]
+    anchor: tf.Tensor
+
+
+class ShardedEmbeddings(Embeddings):
+    """The embeddings layer under horovodrun, executing `plan`.
+
+    Args:
+        plan: where every table lives (its `TableSpec`s give rows, width and
+            hotness).
+        collectives: rank, world size and the alltoall.
+        seed: initial values are `initial_table_values` slices, so N ranks
+            start from the weights one process would.
+        data_parallel_input: ids arrive for the local rows of all tables
+            (True) or for the global batch of this rank's tables (False).
+
+    Call with the ids the loader gives this rank (`input_tables`, in order):
+    [B, n] int32 when every table read is one-hot, else a tuple of
+    [B, hotness]; and `local_rows` L (needed when the rank reads no table).
+    Returns [L, T, D] float32 for the rank's local rows.
+    """
+
+    def __init__(
+        self,
+        plan: ShardingPlan,
+        collectives: Collectives,
+        seed: int = 0,
+        data_parallel_input: bool = False,
+        **kwargs: Any,
+    ) -> None:
+        specs = [table.spec for table in plan.tables]
+        super().__init__(
+            [s.rows for s in specs],
+            [s.dim for s in specs],
+            [s.hotness for s in specs],
+            seed,
+            **kwargs,
+        )
+        if plan.world_size != collectives.world_size:
+            raise ValueError(
+                f"the sharding plan is for {plan.world_size} ranks, the collectives have "
+                f"{collectives.world_size}"
             )
-            sizes = tf.stack([local_rows * w for w in widths])
-            parts = tf.split(received, sizes, num=world, axis=0)
-            for source, (shards, part) in enumerate(zip(self.sent, parts, strict=True)):
+        self.plan = plan
+        self.collectives = collectives
+        self.rank = collectives.rank
+        self.world_size = collectives.world_size
+        self.data_parallel_input = data_parallel_input
+        # Model-parallel shards per rank, in the order their outputs are sent.
+        self.sent = [
+            sorted(
+                (s for s in plan.local_shards(r) if s.kind.is_model_parallel),
+                key=lambda s: (s.table, s.rows, s.columns),
+            )
+            for r in range(self.world_size)
+        ]
+        self.widths = [sum(s.width for s in shards) for shards in self.sent]
+        self.mine = self.sent[self.rank]
+        self.model_parallel_tables = [sorted({s.table for s in shards}) for shards in self.sent]
+        self.replicated_tables = tuple(plan.data_parallel_tables())
+        # Tables whose ids this rank reads (model-parallel input), in loader order.
+        self.input_tables = tuple(
+            range(len(specs))
+            if data_parallel_input
+            else sorted(set(self.model_parallel_tables[self.rank]) | set(self.replicated_tables))
+        )
+        self.shard_variables = [(s, self.create_shard_variable(s)) for s in self.mine]
+        replicated = [
+            s for s in plan.local_shards(self.rank) if s.kind == ShardingKind.DATA_PARALLEL
+        ]
+        self.replicated = {s.table: self.create_shard_variable(s) for s in replicated}
+        self.shard_variables += [(s, self.replicated[s.table]) for s in replicated]
+        self._exchange = {
+            id(variable): replicated_gradient_exchange(
+                TableSpec(specs[table].rows, specs[table].dim, specs[table].hotness),
+                self.world_size,
+                plan.global_batch_size,
+            ).method
+            for table, variable in self.replicated.items()
+        }
+
+    # ------------------------------------------------------------------ views
+
+    def local_shards(self) -> list[tuple[TableShard, Any]]:
+        return list(self.shard_variables)
+
+    def gradient_exchange(self, variable: Any) -> str | None:
+        return self._exchange.get(id(variable))
+
+    # ----------------------------------------------------- 1. input distribution
+
+    def input_distribution(self, ids: Any, local_rows: Any) -> RoutedIds:
+        by_table = self.ids_by_table(ids, self.input_tables)
+        anchor = tf.reshape(tf.nest.flatten(ids)[0], [-1])  # this step's data, see _empty_block
+        if self.data_parallel_input:
+            global_ids, received = self._exchange_ids(by_table, local_rows)
+            local_ids = {t: by_table[t] for t in self.replicated_tables}
+            return RoutedIds(global_ids, local_ids, [received], anchor)
+        start = self.rank * local_rows
+        global_ids = {t: by_table[t] for t in self.model_parallel_tables[self.rank]}
+        local_ids = {t: by_table[t][start : start + local_rows] for t in self.replicated_tables}
+        return RoutedIds(global_ids, local_ids, [], anchor)
+
+    def _exchange_ids(
+        self, local_ids: dict[int, tf.Tensor], local_rows: Any
+    ) -> tuple[dict[int, tf.Tensor], tf.Tensor]:
+        """Data-parallel input: every rank's local-row ids of the tables this rank
+        holds model-parallel shards of, for the whole global batch (rank order)."""
+        blocks, splits = [], []
+        for tables in self.model_parallel_tables:
+            width = sum(self.hotness[t] for t in tables)
+            if tables:
+                blocks.append(tf.reshape(tf.concat([local_ids[t] for t in tables], 1), [-1]))
+            splits.append(local_rows * width)
+        sent = tf.concat(blocks, 0) if blocks else tf.zeros([0], tf.int32)
+        received = self.collectives.alltoall(sent, tf.stack(splits), name="embedding_ids")
+        mine = self.model_parallel_tables[self.rank]
+        if not mine:
+            return {}, received
+        width = sum(self.hotness[t] for t in mine)
+        global_ids = tf.reshape(received, [-1, width])  # sources in rank order = global rows
+        columns = tf.split(global_ids, [self.hotness[t] for t in mine], axis=1)
+        return dict(zip(mine, columns, strict=True)), received
+
+    # ---------------------------------------------------------- 2. local lookup
+
+    def local_lookup(self, routed: RoutedIds, local_rows: Any) -> tuple[tf.Tensor, tf.Tensor]:
+        """([G, C] outputs of this rank's shards side by side, in `sent` order;
+        [L, R, D] vectors of the replicated tables)."""
+        outputs = [
+            PIECES[s.kind].lookup(s, variable, routed.global_ids[s.table])
+            for s, variable in self.shard_variables[: len(self.mine)]
+        ]
+        block = tf.concat(outputs, axis=1) if outputs else self._empty_block(routed, local_rows)
+        if self.replicated_tables:
+            replicated = tf.stack(
+                [
+                    pooled_lookup(self.replicated[t], routed.local_ids[t])
+                    for t in self.replicated_tables
+                ],
+                axis=1,
+            )
+        else:
+            replicated = tf.zeros([local_rows, 0, self.dim])
+        return block, replicated
+
+    def _empty_block(self, routed: RoutedIds, local_rows: Any) -> tf.Tensor:
+        """The [G, 0] output of a rank without model-parallel shards, made from
+        this step's data, never a constant. Horovod's collectives are not
+        stateful ops, so TensorFlow's optimizer evaluates one whose inputs are all
+        constants once, while tracing, and reuses the result: this rank would
+        leave every later alltoall to its peers, which would hang. Made from the
+        (empty) id receipt, it also keeps the id alltoall, whose result is
+        otherwise unused here, from being pruned."""
+        if routed.received:
+            source = tf.cast(routed.received[0], tf.float32)  # no shard: nothing arrived
+        else:
+            source = tf.cast(routed.anchor[:0], tf.float32)
+        return tf.reshape(source, [local_rows * self.world_size, 0])
+
+    # --------------------------------------------------- 3. output distribution
+
+    def output_distribution(self, looked_up: Any, local_rows: Any) -> tf.Tensor:
+        block, replicated = looked_up
+        vectors: dict[int, tf.Tensor] = {}
+        if any(self.sent):  # the same on every rank: all take part in the alltoall
+            received = self.collectives.alltoall(
+                tf.reshape(block, [-1]),
+                tf.fill([self.world_size], local_rows * self.widths[self.rank]),
+                name="embedding_vectors",
+            )
+            parts: dict[int, list[tuple[TableShard, tf.Tensor]]] = {}
+            sizes = tf.stack([local_rows * w for w in self.widths])
+            for source, part in enumerate(tf.split(received, sizes, num=self.world_size)):
+                shards = self.sent[source]
                 if not shards:
                     continue
-                part = tf.reshape(part, [-1, widths[source]])
-                columns = tf.split(part, [a.width for a in shards], axis=1)
-                for a, vectors in zip(shards, columns, strict=True):
-                    pieces.setdefault(a.table, []).append((a, vectors))
-        vectors = []
-        for table in range(len(self.cardinalities)):
-            if table in self.replicated:
-                vectors.append(self._lookup(self.replicated[table], local_ids[table]))
-            elif pieces[table][0][0].kind == "row_wise":
-                vectors.append(tf.add_n([v for _, v in pieces[table]]))
-            else:
-                ordered = sorted(pieces[table], key=lambda p: p[0].columns[0])
-                vectors.append(tf.concat([v for _, v in ordered], axis=1))
-        return tf.stack(vectors, axis=1)
+                columns = tf.split(
+                    tf.reshape(part, [-1, self.widths[source]]), [s.width for s in shards], axis=1
+                )
+                for shard, piece in zip(shards, columns, strict=True):
+                    parts.setdefault(shard.table, []).append((shard, piece))
+            for table, table_parts in parts.items():
+                vectors[table] = PIECES[table_parts[0][0].kind].combine(table_parts)
+        for position, table in enumerate(self.replicated_tables):
+            vectors[table] = replicated[:, position]
+        return tf.stack([vectors[t] for t in range(len(self.cardinalities))], axis=1)
+
+    def output_distribution_gradient(self, gradient: tf.Tensor, local_rows: Any) -> Any:
+        """The gradient of `local_lookup`'s outputs from that of the vectors [L, T, D]:
+        the reverse alltoall, run by every rank on every step."""
+        block: tf.Tensor = tf.zeros([local_rows * self.world_size, 0])
+        if any(self.sent):
+            sent = []
+            for shards in self.sent:
+                for shard in shards:
+                    sent.append(PIECES[shard.kind].gradient(shard, gradient[:, shard.table]))
+            # [L, sum of widths]: for each destination rank, its shards' columns.
+            outgoing = tf.concat(sent, axis=1) if sent else tf.zeros([local_rows, 0])
+            chunks = tf.split(outgoing, self.widths, axis=1, num=self.world_size)
+            flat = tf.concat([tf.reshape(chunk, [-1]) for chunk in chunks], axis=0)
+            received = self.collectives.alltoall(
+                flat,
+                tf.stack([local_rows * w for w in self.widths]),
+                name="embedding_vector_gradients",
+            )
+            # Sources in rank order: rows [j L, (j + 1) L) of this rank's [G, C] block.
+            block = tf.reshape(received, [local_rows * self.world_size, self.widths[self.rank]])
+        replicated = tf.gather(gradient, tf.constant(self.replicated_tables, tf.int32), axis=1)
+        return block, replicated

@@ -1,7 +1,15 @@
-"""The parallelism invariant under real `horovodrun --gloo -np 2` processes:
-training with 2 ranks gives the weights of 1 rank on the same global batches,
-for every way of placing tables, both input modes and every optimizer, and with
-`--amp` (bfloat16 on CPU) and `--xla` on a mixed plan."""
+"""The parallelism invariant under real `horovodrun --gloo` processes: training
+with N ranks gives the weights of 1 rank on the same global batches.
+
+With 2 ranks: every way of placing tables, both input modes and every
+optimizer, and `--amp` (bfloat16 on CPU) and `--xla` on a mixed plan. With 2, 3
+and 4 ranks: the plans that once hung or could not be built: a rank with no
+model-parallel shard (and, with one table, no ids to read at all), no
+model-parallel table at all, a rank holding only row ranges, the planner's own
+plan of a single table (sliced so that every rank has a share), on both input
+modes. Replicated tables' gradients go both ways (dense allreduce for the
+smallest, sparse allgather for the others).
+"""
 
 from __future__ import annotations
 
@@ -17,57 +25,111 @@ from tests.integration.conftest import horovodrun, run
 
 CARDINALITIES = (23, 7, 300, 11, 5, 40, 9, 64)
 HOTNESS = (1, 2, 1, 1, 3, 1, 1, 1)
+ONE_TABLE = (300,)
 KINDS = ("data_parallel", "table_wise", "column_wise", "row_wise", "mixed")
 INPUT_MODES = ("model_parallel", "data_parallel")
 OPTIMIZERS = ("sgd", "adagrad", "adam")
 # Precision and compilation variants, on the mixed plan: (optimizer, variant).
 VARIANTS = (("adagrad", "amp"), ("adam", "xla"))
-# bfloat16 rounds to 8 bits of mantissa; the ranks' partial sums round differently.
+# Plans that must train on any number of ranks (see the module docstring).
+HARD_PLANS = ("idle_rank", "row_wise_rank", "planner", "data_parallel")
+ONE_TABLE_PLANS = ("idle_rank", "planner")
+# bfloat16 rounds to 8 bits of significand; the ranks' partial sums round differently.
 TOLERANCE = {"fp32": {"rtol": 1e-5, "atol": 1e-6}, "xla": {"rtol": 1e-5, "atol": 1e-6}}
 TOLERANCE["amp"] = {"rtol": 2e-2, "atol": 2e-3}
-STEPS, GLOBAL_BATCH = "5", "64"
+STEPS, GLOBAL_BATCH = "5", "96"  # 96 divides by 2, 3 and 4 ranks
 SCRIPT = "tests/integration/scripts/hybrid_steps.py"
+REFERENCES = [f"local:model_parallel:{o}:fp32" for o in OPTIMIZERS] + [
+    f"local:model_parallel:{o}:{v}" for o, v in VARIANTS
+]
+
+
+def two_rank_runs() -> list[str]:
+    runs = [":".join((*c, "fp32")) for c in itertools.product(KINDS, INPUT_MODES, OPTIMIZERS)]
+    runs += [f"mixed:{m}:{o}:{v}" for m in INPUT_MODES for o, v in VARIANTS]
+    return runs + hard_runs()
+
+
+def hard_runs() -> list[str]:
+    return [f"{k}:{m}:adam:fp32" for k in HARD_PLANS for m in INPUT_MODES if k != "data_parallel"]
+
+
+def hybrid_steps(ranks: int, dataset: Path, out: Path, runs: list[str]) -> None:
+    command = [sys.executable, SCRIPT, str(dataset), str(out), STEPS, GLOBAL_BATCH, *runs]
+    if ranks > 1:
+        command = [horovodrun(), "--gloo", "-np", str(ranks), "-H", f"localhost:{ranks}", *command]
+    result = run(command, timeout=900)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
 
 
 @pytest.fixture(scope="module")
-def results(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def datasets(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("hybrid")
-    dataset = root / "data"
-    generate_split_binary(dataset, CARDINALITIES, 3, rows={"train": 2000}, hotness=HOTNESS, seed=4)
-    references = [f"local:model_parallel:{o}:fp32" for o in OPTIMIZERS]
-    references += [f"local:model_parallel:{o}:{v}" for o, v in VARIANTS]
-    one = run(
-        [sys.executable, SCRIPT, str(dataset), str(root), STEPS, GLOBAL_BATCH, *references],
-        timeout=300,
-    )
-    assert one.returncode == 0, one.stderr[-3000:]
-    runs = [":".join((*c, "fp32")) for c in itertools.product(KINDS, INPUT_MODES, OPTIMIZERS)]
-    runs += [f"mixed:{m}:{o}:{v}" for m in INPUT_MODES for o, v in VARIANTS]
-    two = run(
-        [
-            horovodrun(),
-            "--gloo",
-            "-np",
-            "2",
-            "-H",
-            "localhost:2",
-            sys.executable,
-            SCRIPT,
-            str(dataset),
-            str(root),
-            STEPS,
-            GLOBAL_BATCH,
-            *runs,
-        ],
-        timeout=600,
-    )
-    assert two.returncode == 0, two.stdout[-3000:] + two.stderr[-3000:]
-    return root
+    tables, one = root / "tables", root / "one_table"
+    generate_split_binary(tables, CARDINALITIES, 3, rows={"train": 2000}, hotness=HOTNESS, seed=4)
+    generate_split_binary(one, ONE_TABLE, 3, rows={"train": 2000}, seed=4)
+    for dataset in (tables, one):
+        hybrid_steps(1, dataset, dataset / "out_1", REFERENCES)
+    return {"tables": tables, "one_table": one}
+
+
+@pytest.fixture(scope="module")
+def two_ranks(datasets: dict[str, Path]) -> Path:
+    out = datasets["tables"] / "out_2"
+    hybrid_steps(2, datasets["tables"], out, two_rank_runs())
+    return out
+
+
+@pytest.fixture(scope="module", params=[2, 3, 4])
+def many_ranks(request: pytest.FixtureRequest, datasets: dict[str, Path]) -> tuple[int, Path]:
+    """The hard plans on `ranks` ranks, both datasets (runs for 2 ranks include
+    only the one-table ones: the others are in `two_ranks`)."""
+    ranks = int(request.param)
+    if ranks > 2:
+        runs = [*hard_runs(), *[f"mixed:{m}:adagrad:fp32" for m in INPUT_MODES]]
+        runs += [f"data_parallel:{m}:adam:fp32" for m in INPUT_MODES]
+        hybrid_steps(ranks, datasets["tables"], datasets["tables"] / f"out_{ranks}", runs)
+    one_runs = [f"{k}:{m}:adam:fp32" for k in ONE_TABLE_PLANS for m in INPUT_MODES]
+    hybrid_steps(ranks, datasets["one_table"], datasets["one_table"] / f"out_{ranks}", one_runs)
+    return ranks, datasets["tables"].parent
 
 
 def load(directory: Path, rank: int) -> dict[str, np.ndarray]:
     with np.load(directory / f"rank{rank}.npz") as data:
         return dict(data)
+
+
+def assert_ranks_equal_one(
+    reference_dir: Path, run_dir: Path, ranks: int, variant: str, kind: str
+) -> None:
+    tolerance = TOLERANCE[variant]
+    reference = load(reference_dir, 0)
+    per_rank = [load(run_dir, r) for r in range(ranks)]
+    tables = {
+        key.split("_")[1]: value for key, value in reference.items() if key.startswith("table_")
+    }
+    # Per-rank losses are each rank's share of the global mean: they add up to it.
+    np.testing.assert_allclose(
+        sum(r["losses"] for r in per_rank), reference["losses"], rtol=tolerance["rtol"]
+    )
+    assert reference["losses"][-1] < reference["losses"][0]  # it trained
+    dense = [k for k in reference if not k.startswith("table_") and k != "losses"]
+    for name in dense:
+        for values in per_rank:  # replicated: identical on every rank, equal to one rank's
+            np.testing.assert_allclose(values[name], reference[name], **tolerance)
+    covered = {t: np.zeros(v.shape, int) for t, v in tables.items()}
+    for values in per_rank:
+        for key, shard in values.items():
+            if not key.startswith("table_"):
+                continue
+            t, r0, r1, c0, c1 = key.split("_")[1:]
+            r0, r1, c0, c1 = int(r0), int(r1), int(c0), int(c1)
+            np.testing.assert_allclose(shard, tables[t][r0:r1, c0:c1], **tolerance)
+            covered[t][r0:r1, c0:c1] += 1
+    for t, count in covered.items():
+        assert count.min() >= 1, f"table {t} not fully held by the ranks"
+        if kind == "data_parallel":
+            assert (count == ranks).all()
 
 
 CASES = [(*c, "fp32") for c in itertools.product(KINDS, INPUT_MODES, OPTIMIZERS)]
@@ -76,34 +138,34 @@ CASES += [("mixed", m, o, v) for m in INPUT_MODES for o, v in VARIANTS]
 
 @pytest.mark.parametrize(("kind", "input_mode", "optimizer", "variant"), CASES)
 def test_two_ranks_equal_one(
-    results: Path, kind: str, input_mode: str, optimizer: str, variant: str
+    datasets: dict[str, Path],
+    two_ranks: Path,
+    kind: str,
+    input_mode: str,
+    optimizer: str,
+    variant: str,
 ) -> None:
-    tolerance = TOLERANCE[variant]
-    reference = load(results / f"local_model_parallel_{optimizer}_{variant}", 0)
-    ranks = [load(results / f"{kind}_{input_mode}_{optimizer}_{variant}", r) for r in range(2)]
-    tables = {
-        key.split("_")[1]: value for key, value in reference.items() if key.startswith("table_")
-    }
-    # Per-rank losses are each rank's share of the global mean: they add up to it.
-    np.testing.assert_allclose(
-        ranks[0]["losses"] + ranks[1]["losses"], reference["losses"], rtol=tolerance["rtol"]
-    )
-    assert reference["losses"][-1] < reference["losses"][0]  # it trained
-    dense = [k for k in reference if not k.startswith("table_") and k != "losses"]
-    for name in dense:
-        for r in range(2):  # replicated: identical on both ranks, equal to one rank's
-            np.testing.assert_allclose(ranks[r][name], reference[name], **tolerance)
-    covered = {t: np.zeros(v.shape, int) for t, v in tables.items()}
-    for values in ranks:
-        for key, shard in values.items():
-            if not key.startswith("table_"):
-                continue
-            t, r0, r1, c0, c1 = key.split("_")[1:]
-            r0, r1, c0, c1 = int(r0), int(r1), int(c0), int(c1)
-            np.testing.assert_allclose(shard, tables[t][r0:r1, c0:c1], **tolerance)
-            covered[t][r0:r1, c0:c1] += 1
-    expected_copies = 2 if kind == "data_parallel" else None
-    for t, count in covered.items():
-        assert count.min() >= 1, f"table {t} not fully held by the ranks"
-        if expected_copies:
-            assert (count == expected_copies).all()
+    reference = datasets["tables"] / "out_1" / f"local_model_parallel_{optimizer}_{variant}"
+    run_dir = two_ranks / f"{kind}_{input_mode}_{optimizer}_{variant}"
+    assert_ranks_equal_one(reference, run_dir, 2, variant, kind)
+
+
+def test_every_plan_trains_on_any_number_of_ranks(
+    datasets: dict[str, Path], two_ranks: Path, many_ranks: tuple[int, Path]
+) -> None:
+    ranks, _ = many_ranks
+    checked = []
+    for name, dataset in datasets.items():
+        out = dataset / f"out_{ranks}"
+        for run_dir in sorted(p for p in out.iterdir() if p.is_dir()):
+            kind, _, optimizer, variant = run_dir.name.rsplit("_", 3)
+            kind = kind.removesuffix("_model").removesuffix("_data")
+            reference = dataset / "out_1" / f"local_model_parallel_{optimizer}_{variant}"
+            assert_ranks_equal_one(reference, run_dir, ranks, variant, kind)
+            checked.append(f"{name}/{run_dir.name}")
+    expected = len(ONE_TABLE_PLANS) * len(INPUT_MODES)
+    if ranks > 2:
+        expected += len(hard_runs()) + 2 * len(INPUT_MODES)
+    else:
+        expected += len(two_rank_runs())
+    assert len(checked) == expected, checked

@@ -17,12 +17,13 @@ from dlrm.embedding.planner import (
     TABLE_WISE,
     PlanError,
     PlannerConfig,
-    Shard,
     ShardingPlan,
     TablePlan,
     TableSpec,
     plan_sharding,
+    replicated_gradient_exchange,
 )
+from dlrm.embedding.shard import ShardingKind, TableShard
 from feature_spec.criteo import CRITEO_1TB_MLPERF_CARDINALITIES
 
 GiB = 1 << 30
@@ -102,8 +103,9 @@ def test_local_shards_and_tables_on() -> None:
     plan = plan_sharding(TINY, TINY_CONFIG)
     for rank in range(3):
         local = plan.local_shards(rank)
-        assert (4, Shard(rank, (0, 4), (0, 7))) in local  # every rank's replica
-        assert plan.tables_on(rank) == sorted({t for t, _ in local if t != 4})
+        replica = TableShard(4, ShardingKind.DATA_PARALLEL, rank, (0, 4), (0, 7))
+        assert replica in local  # every rank's replica
+        assert plan.tables_on(rank) == sorted({s.table for s in local if s.table != 4})
     assert plan.data_parallel_tables() == [4]
     assert sorted(t for r in range(3) for t in plan.tables_on(r)) == [0, 1, 2, 2, 2, 3, 3]
 
@@ -379,3 +381,66 @@ def test_a_bad_plan_file_names_the_file(tmp_path: Any, content: str | None, mess
         path.write_text(content)
     with pytest.raises(PlanError, match=f"^{path}: .*{message}"):
         ShardingPlan.load(path)
+
+
+def test_fewer_large_tables_than_ranks_are_sliced_so_every_rank_works() -> None:
+    # The job that once hung: one large table and two small ones on 2 ranks. The
+    # large one would be whole on one rank, leaving the other with no lookups.
+    tables = [TableSpec(3_000_000, 16), TableSpec(4, 16), TableSpec(10, 16)]
+    config = PlannerConfig(2)
+    plan = plan_sharding(tables, config)
+    check_plan(plan, tables, config)
+    assert plan.tables[0].kind == COLUMN_WISE
+    assert sorted(s.columns for s in plan.tables[0].shards) == [(0, 8), (8, 16)]
+    assert [plan.tables_on(r) for r in range(2)] == [[0], [0]]
+    assert len(plan.notes) == 1 and "table 0" in plan.notes[0] and "idle" in plan.notes[0]
+    assert plan.format_table().splitlines()[-1] == f"note: {plan.notes[0]}"
+    # Balance reported is the balance that runs: both halves gather as much.
+    assert plan.lookup_bytes_per_rank() == [8 * 4, 8 * 4]
+
+
+@pytest.mark.parametrize("world_size", [2, 3, 4, 5, 6, 7, 8])
+def test_a_single_table_is_spread_over_every_rank(world_size: int) -> None:
+    for spec in (TableSpec(5000, 16), TableSpec(5000, 2), TableSpec(3, 1)):
+        config = PlannerConfig(world_size, data_parallel_threshold=0)
+        plan = plan_sharding([spec], config)
+        check_plan(plan, [spec], config)
+        used = {s.rank for s in plan.tables[0].shards}
+        # As far as the table goes: a 3-row, 1-column table has 3 pieces at most.
+        assert len(used) == min(world_size, max(spec.rows, spec.dim))
+        if spec.dim < world_size:
+            assert plan.tables[0].kind == ROW_WISE
+
+
+def test_no_model_parallel_table_leaves_the_plan_alone() -> None:
+    plan = plan_sharding([TableSpec(4, 8), TableSpec(9, 8)], PlannerConfig(4))
+    assert {t.kind for t in plan.tables} == {DATA_PARALLEL} and plan.notes == ()
+
+
+def test_replicated_gradients_take_the_cheaper_exchange() -> None:
+    small, large = TableSpec(100, 8), TableSpec(100_000, 8, hotness=2)
+    # Dense: 2 (W - 1) / W of rows x (dim + 1) x 4 bytes; sparse: (W - 1) / W of
+    # batch x hotness rows of (dim + 1) x 4 bytes.
+    assert replicated_gradient_exchange(small, 2, 1024).method == "dense"
+    assert replicated_gradient_exchange(small, 2, 1024).bytes == 100 * 9 * 4
+    assert replicated_gradient_exchange(large, 4, 1024).method == "sparse"
+    assert replicated_gradient_exchange(large, 4, 1024).bytes == 3 * 1024 * 2 * 9 * 4 // 4
+    assert replicated_gradient_exchange(large, 1, 1024).bytes == 0
+    config = PlannerConfig(2, data_parallel_threshold=10**6, global_batch_size=1024)
+    plan = plan_sharding([small, large, TableSpec(10**6, 8)], config)
+    assert plan.gradient_exchange(0).method == "dense"
+    assert plan.gradient_exchange(1).method == "sparse"
+    assert "gradient: dense" in plan.format_table()
+    # Every rank sends its alltoall share plus every replicated table's exchange.
+    exchange = plan.gradient_exchange(0).bytes + plan.gradient_exchange(1).bytes
+    alltoall = [2 * 0.5 * 1024 * s.width * 4 for s in plan.tables[2].shards]
+    assert sorted(plan.traffic_bytes_per_rank()) == sorted(int(a) + exchange for a in alltoall)
+    with pytest.raises(PlanError, match="table 2 is column_wise, not data_parallel"):
+        plan.gradient_exchange(2)
+
+
+def test_plans_written_before_notes_and_batch_still_load() -> None:
+    plan = plan_sharding(TINY, TINY_CONFIG)
+    data = plan.to_dict()
+    del data["notes"], data["global_batch_size"]
+    assert ShardingPlan.from_dict(data) == plan

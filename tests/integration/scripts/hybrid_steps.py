@@ -1,13 +1,18 @@
-"""Trains a few steps with given splits of the embedding tables and saves the
+"""Trains a few steps with given placements of the embedding tables and saves the
 resulting weights, under horovodrun or as one process.
 
 Usage: hybrid_steps.py DATASET OUT STEPS GLOBAL_BATCH RUN...
-RUN is KIND:INPUT_MODE:OPTIMIZER[:VARIANT], KIND one of local (LocalEmbeddings,
-one process), data_parallel, table_wise, column_wise, row_wise, mixed; VARIANT
-fp32 (default), amp (the CPU's mixed_bfloat16 policy) or xla (the dense part
-compiled). Writes
-OUT/<RUN with : as _>/rank<r>.npz: dense weights by name, each shard as
-"table_<t>_<r0>_<r1>_<c0>_<c1>", and the per-step losses.
+RUN is KIND:INPUT_MODE:OPTIMIZER[:VARIANT]. KIND is `local` (LocalEmbeddings,
+one process) or a placement on the ranks:
+- data_parallel, table_wise, column_wise, row_wise: every table so placed;
+- mixed: the four kinds in turn;
+- planner: what `plan_sharding` makes of the tables (every rank gets a shard);
+- idle_rank: table 0 whole on rank 0, the others replicated: the other ranks
+  hold no model-parallel shard (with one table, they read no ids at all);
+- row_wise_rank: the last rank holds only row ranges.
+VARIANT is fp32 (default), amp (the CPU's mixed_bfloat16 policy) or xla (the
+dense part compiled). Writes OUT/<RUN with : as _>/rank<r>.npz: dense weights
+by name, each shard as "table_<t>_<r0>_<r1>_<c0>_<c1>", and the per-step losses.
 """
 
 import sys
@@ -18,7 +23,15 @@ import numpy as np
 
 from dataloading.split_binary import InputMode, ShardSpec, SplitBinaryDataset
 from dlrm.dist import create_collectives
-from dlrm.embedding.sharded import ShardAssignment, ShardedEmbeddings
+from dlrm.embedding.planner import (
+    PlannerConfig,
+    ShardingPlan,
+    TablePlan,
+    TableSpec,
+    plan_sharding,
+)
+from dlrm.embedding.shard import ShardingKind, TableShard
+from dlrm.embedding.sharded import ShardedEmbeddings
 from dlrm.model import Dlrm, ModelConfig
 from dlrm.optimizers import create_optimizer, variable_name
 from dlrm.precision import choose_precision
@@ -27,30 +40,50 @@ from dlrm.trainer import Trainer
 from feature_spec import FeatureSpec
 
 DIM = 6
+UNIFORM = ("data_parallel", "table_wise", "column_wise", "row_wise")
 
 
-def assignments(kind: str, cardinalities: tuple[int, ...], world: int) -> list[ShardAssignment]:
-    out = []
-    for t, rows in enumerate(cardinalities):
-        mixed = ("data_parallel", "table_wise", "column_wise", "row_wise")[t % 4]
-        table_kind = mixed if kind == "mixed" else kind
-        if table_kind == "data_parallel":
-            out += [ShardAssignment(t, table_kind, r, (0, rows), (0, DIM)) for r in range(world)]
-        elif table_kind == "table_wise":
-            out.append(ShardAssignment(t, table_kind, t % world, (0, rows), (0, DIM)))
-        elif table_kind == "column_wise":
-            edges = np.linspace(0, DIM, world + 1).astype(int)
-            out += [
-                ShardAssignment(t, table_kind, r, (0, rows), (int(edges[r]), int(edges[r + 1])))
-                for r in range(world)
-            ]
+def table_plan(t: int, spec: TableSpec, kind: str, world: int, rank: int = 0) -> TablePlan:
+    """Table `t` placed as `kind` (whole on `rank` when table-wise)."""
+    sharding = ShardingKind(kind)
+    if sharding == ShardingKind.DATA_PARALLEL:
+        places = [(r, (0, spec.rows), (0, DIM)) for r in range(world)]
+    elif sharding == ShardingKind.TABLE_WISE:
+        places = [(rank, (0, spec.rows), (0, DIM))]
+    elif sharding == ShardingKind.COLUMN_WISE:
+        edges = np.linspace(0, DIM, world + 1).astype(int)
+        places = [(r, (0, spec.rows), (int(edges[r]), int(edges[r + 1]))) for r in range(world)]
+    else:
+        edges = np.linspace(0, spec.rows, world + 1).astype(int)
+        places = [(r, (int(edges[r]), int(edges[r + 1])), (0, DIM)) for r in range(world)]
+    shards = tuple(TableShard(t, sharding, r, rows, cols) for r, rows, cols in places)
+    return TablePlan(t, sharding, spec, shards)
+
+
+def plan_for(kind: str, specs: list[TableSpec], world: int, batch: int) -> ShardingPlan:
+    """The plan of `kind`; replicated tables' gradients are exchanged as the
+    planner's cost model chooses at `batch` (dense for the smallest tables)."""
+    if kind == "planner":
+        config = PlannerConfig(
+            world_size=world, data_parallel_threshold=10 * DIM, global_batch_size=batch
+        )
+        return plan_sharding(specs, config)
+    tables = []
+    for t, spec in enumerate(specs):
+        if kind in UNIFORM:
+            tables.append(table_plan(t, spec, kind, world, rank=t % world))
+        elif kind == "mixed":
+            tables.append(table_plan(t, spec, UNIFORM[t % 4], world, rank=t % world))
+        elif kind == "idle_rank":
+            tables.append(table_plan(t, spec, "table_wise" if t == 0 else "data_parallel", world))
+        elif kind == "row_wise_rank":
+            if t % 2 == 0 or world == 1:
+                tables.append(table_plan(t, spec, "row_wise", world))
+            else:
+                tables.append(table_plan(t, spec, "table_wise", world, rank=t % (world - 1)))
         else:
-            edges = np.linspace(0, rows, world + 1).astype(int)
-            out += [
-                ShardAssignment(t, table_kind, r, (int(edges[r]), int(edges[r + 1])), (0, DIM))
-                for r in range(world)
-            ]
-    return out
+            raise ValueError(f"unknown placement {kind!r}")
+    return ShardingPlan(world, "basic", tuple(tables), global_batch_size=batch)
 
 
 def main() -> None:
@@ -88,14 +121,13 @@ def train(spec, collectives, kind, input_mode, optimizer, variant, steps, batch,
     data_parallel_input = input_mode == "data_parallel"
     embeddings = None
     if kind != "local":
+        specs = [
+            TableSpec(rows, DIM, h)
+            for rows, h in zip(spec.cardinalities, spec.hotness, strict=True)
+        ]
+        plan = plan_for(kind, specs, world, batch)
         embeddings = ShardedEmbeddings(
-            assignments(kind, spec.cardinalities, world),
-            spec.cardinalities,
-            spec.hotness,
-            DIM,
-            collectives,
-            seed=1,
-            data_parallel_input=data_parallel_input,
+            plan, collectives, seed=1, data_parallel_input=data_parallel_input
         )
     precision = choose_precision(variant == "amp", has_gpu=False)
     model = Dlrm(config, embeddings=embeddings, dtype_policy=precision.dtype_policy, seed=1)
@@ -124,9 +156,9 @@ def train(spec, collectives, kind, input_mode, optimizer, variant, steps, batch,
     losses = [float(trainer.train_step(b)) for b in data]
     trainer.check_finite()
     arrays = {variable_name(v): v.numpy() for v in trainer.dense_variables}
-    for s in model.embeddings.local_shards():
+    for s, variable in model.embeddings.local_shards():
         key = f"table_{s.table}_{s.rows[0]}_{s.rows[1]}_{s.columns[0]}_{s.columns[1]}"
-        arrays[key] = s.variable.numpy()
+        arrays[key] = variable.numpy()
     arrays["losses"] = np.array(losses)
     np.savez(directory / f"rank{rank}.npz", **arrays)
 

@@ -1,0 +1,118 @@
+"""What the trainer, evaluator and checkpoints need of an embeddings layer.
+
+`LocalEmbeddings` (every table on this process) and `ShardedEmbeddings` (a
+`ShardingPlan` across ranks) implement it, so the model, trainer and `main.py`
+do not change when tables are sharded. A lookup is three steps, which the
+trainer calls one by one so that the collectives of the last one run outside
+autodiff (see `dlrm/embedding/sharded.py`):
+
+1. `input_distribution(ids, local_rows)`: ids routed to where they are looked up;
+2. `local_lookup(routed, local_rows)`: what this process looks up, on the tape;
+3. `output_distribution(looked_up, local_rows)`: the [L, T, D] vectors of the
+   local rows; `output_distribution_gradient` is its backward.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from dlrm.embedding.initializer import initial_table_values
+from dlrm.embedding.shard import TableShard
+
+
+class Embeddings(keras.layers.Layer):
+    """Base of the embeddings layers: float32 tables [rows, dim] (dims all equal).
+
+    Args:
+        cardinalities, dims, hotness: per table.
+        seed: seeds `initial_table_values`, so that a shard created by itself
+            holds the values of the same slice of the whole table.
+    """
+
+    def __init__(
+        self,
+        cardinalities: Sequence[int],
+        dims: Sequence[int],
+        hotness: Sequence[int],
+        seed: int = 0,
+        **kwargs: Any,
+    ) -> None:
+        kwargs.setdefault("name", "embeddings")
+        super().__init__(dtype="float32", **kwargs)
+        self.cardinalities = tuple(int(c) for c in cardinalities)
+        self.dims = tuple(int(d) for d in dims)
+        self.hotness = tuple(int(h) for h in hotness)
+        if len(set(self.dims)) > 1:
+            raise ValueError(
+                f"embedding widths: expected one width for all tables, got {self.dims}"
+            )
+        self.dim = self.dims[0] if self.dims else 0
+        self.seed = seed
+
+    def create_shard_variable(self, shard: TableShard) -> Any:
+        rows, dim, seed = self.cardinalities[shard.table], self.dims[shard.table], self.seed
+
+        def initialize(shape: Any, dtype: Any = None) -> np.ndarray:
+            return initial_table_values(shard.table, rows, dim, seed, shard.rows, shard.columns)
+
+        return self.add_weight(
+            shape=(shard.height, shard.width),
+            initializer=initialize,
+            name=shard.name.replace(".", "_"),
+            dtype="float32",
+        )
+
+    @staticmethod
+    def ids_by_table(ids: Any, tables: Sequence[int]) -> dict[int, tf.Tensor]:
+        """The loader's ids ([B, n] one-hot, or a tuple of [B, hotness]) by table."""
+        if isinstance(ids, (tuple, list)):
+            return {t: tf.convert_to_tensor(x) for t, x in zip(tables, ids, strict=True)}
+        return {t: ids[:, i : i + 1] for i, t in enumerate(tables)}
+
+    # ----------------------------------------------------------------- views
+
+    def table_shape(self, table: int) -> tuple[int, int]:
+        return self.cardinalities[table], self.dims[table]
+
+    def local_shards(self) -> list[tuple[TableShard, Any]]:
+        """The table shards this process holds, each with its variable."""
+        raise NotImplementedError
+
+    def gradient_exchange(self, variable: Any) -> str | None:
+        """How `variable`'s gradient is summed over ranks: None (it is not: one
+        process, or a model-parallel shard), "dense" or "sparse" (a replicated
+        table; see `planner.replicated_gradient_exchange`)."""
+        return None
+
+    # ------------------------------------------------------------ the lookup
+
+    def input_distribution(self, ids: Any, local_rows: Any) -> Any:
+        raise NotImplementedError
+
+    def local_lookup(self, routed: Any, local_rows: Any) -> Any:
+        raise NotImplementedError
+
+    def output_distribution(self, looked_up: Any, local_rows: Any) -> tf.Tensor:
+        raise NotImplementedError
+
+    def output_distribution_gradient(self, gradient: tf.Tensor, local_rows: Any) -> Any:
+        raise NotImplementedError
+
+    def lookup(self, ids: Any, local_rows: Any) -> Any:
+        """Steps 1 and 2; record on a tape to get the tables' gradients."""
+        return self.local_lookup(self.input_distribution(ids, local_rows), local_rows)
+
+    def call(self, ids: Any, local_rows: Any = None) -> tf.Tensor:
+        """Vectors [L, T, D] float32 of the local rows."""
+        if local_rows is None:
+            local_rows = self.default_local_rows(ids)
+        return self.output_distribution(self.lookup(ids, local_rows), local_rows)
+
+    def default_local_rows(self, ids: Any) -> Any:
+        first = ids[0] if isinstance(ids, (tuple, list)) else ids
+        return tf.shape(first)[0]

@@ -1,0 +1,32 @@
+"""Batched prediction: click probabilities from a model, no optimizer needed."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import tensorflow as tf
+
+from dlrm.model import Dlrm
+
+
+class Predictor:
+    """Click probabilities of `model`, the dense part compiled with XLA when
+    `use_xla`. Under several ranks every rank must call `predict` for each
+    batch (the sharded lookup has collectives)."""
+
+    def __init__(self, model: Dlrm, use_xla: bool = False) -> None:
+        self.model = model
+        model.build_all()
+        self._dense = tf.function(self._dense_eager, jit_compile=use_xla)
+        self._predict = tf.function(self._predict_eager)
+
+    def _dense_eager(self, numerical: tf.Tensor, vectors: tf.Tensor) -> tf.Tensor:
+        return tf.sigmoid(self.model.dense_forward(numerical, vectors))
+
+    def _predict_eager(self, numerical: tf.Tensor, categorical: Any) -> tf.Tensor:
+        vectors = self.model.embeddings(categorical, tf.shape(numerical)[0])
+        return self._dense(numerical, vectors)
+
+    def predict(self, numerical: tf.Tensor, categorical: Any) -> tf.Tensor:
+        """Click probabilities [B, 1] float32 for the local rows."""
+        return self._predict(numerical, categorical)
