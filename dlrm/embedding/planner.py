@@ -171,12 +171,9 @@ class TablePlan:
 
     def __post_init__(self) -> None:
         try:
-            object.__setattr__(self, "kind", ShardingKind(self.kind))
-        except ValueError as error:
-            kinds = [k.value for k in ShardingKind]
-            raise PlanError(
-                f"table {self.table}: kind {self.kind!r} is not one of {kinds}"
-            ) from error
+            object.__setattr__(self, "kind", ShardingKind.parse(self.kind, self.table))
+        except ShardError as error:
+            raise PlanError(str(error)) from error
         where = f"table {self.table} ({self.kind})"
         rows, dim = self.spec.rows, self.spec.dim
         for shard in self.shards:

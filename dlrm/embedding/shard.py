@@ -32,6 +32,15 @@ class ShardingKind(str, enum.Enum):
     def __str__(self) -> str:
         return self.value
 
+    @classmethod
+    def parse(cls, value: object, table: int) -> ShardingKind:
+        """`value` as a kind; ShardError naming table `table` and the kinds if not one."""
+        try:
+            return cls(value)
+        except ValueError as error:
+            kinds = [k.value for k in cls]
+            raise ShardError(f"table {table}: kind {value!r} is not one of {kinds}") from error
+
     @property
     def is_model_parallel(self) -> bool:
         """Its lookups cross the alltoall (every kind but `data_parallel`)."""
@@ -54,13 +63,7 @@ class TableShard:
     columns: Range
 
     def __post_init__(self) -> None:
-        try:
-            object.__setattr__(self, "kind", ShardingKind(self.kind))
-        except ValueError as error:
-            kinds = [k.value for k in ShardingKind]
-            raise ShardError(
-                f"table {self.table}: kind {self.kind!r} is not one of {kinds}"
-            ) from error
+        object.__setattr__(self, "kind", ShardingKind.parse(self.kind, self.table))
         (r0, r1), (c0, c1) = self.rows, self.columns
         if self.table < 0 or self.rank < 0 or not (0 <= r0 < r1 and 0 <= c0 < c1):
             raise ShardError(
