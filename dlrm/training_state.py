@@ -13,6 +13,7 @@ import numpy as np
 
 from dlrm.checkpoint import Checkpoint, CheckpointError, CheckpointWriter
 from dlrm.dist import Collectives, failures_on_any_rank
+from dlrm.embedding.base import assign_rows
 from dlrm.embedding.shard import ShardingKind, TableShard
 from dlrm.model import Dlrm
 from dlrm.optimizers import variable_name
@@ -185,7 +186,7 @@ def _restore_shard(
     checkpoint: Checkpoint, shard: TableShard, variable: Any, slot: str | None
 ) -> None:
     def assign(offset: int, chunk: np.ndarray) -> None:
-        variable[offset : offset + len(chunk)].assign(chunk)
+        assign_rows(variable, offset, chunk)
 
     checkpoint.restore_table_slice(shard.table, shard.rows, shard.columns, assign, slot=slot)
 

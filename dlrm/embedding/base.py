@@ -24,6 +24,26 @@ import tensorflow as tf
 from dlrm.embedding.initializer import initial_table_values
 from dlrm.embedding.shard import TableShard
 
+# Rows are written into table variables in chunks of at most this many bytes.
+CHUNK_BYTES = 64 << 20
+
+
+def assign_rows(variable: Any, start: int, values: np.ndarray) -> None:
+    """variable[start : start + len(values)] = values, in place.
+
+    `variable[a:b].assign(...)` reads the variable first, and that read keeps its
+    buffer shared, so the next sliced assign copies the whole table; the raw op
+    on the handle does not.
+    """
+    resource = variable if isinstance(variable, tf.Variable) else variable.value
+    tf.raw_ops.ResourceStridedSliceAssign(
+        ref=resource.handle,
+        begin=[start, 0],
+        end=[start + len(values), values.shape[1]],
+        strides=[1, 1],
+        value=values,
+    )
+
 
 class Embeddings(keras.layers.Layer):
     """Base of the embeddings layers: float32 tables [rows, dim] (dims all equal).
@@ -55,17 +75,23 @@ class Embeddings(keras.layers.Layer):
         self.seed = seed
 
     def create_shard_variable(self, shard: TableShard) -> Any:
+        """The shard's variable, filled with its initial values in row chunks, so
+        that creating it needs the shard's memory once plus a chunk (handing Keras
+        the whole array made three copies of it)."""
         rows, dim, seed = self.cardinalities[shard.table], self.dims[shard.table], self.seed
-
-        def initialize(shape: Any, dtype: Any = None) -> np.ndarray:
-            return initial_table_values(shard.table, rows, dim, seed, shard.rows, shard.columns)
-
-        return self.add_weight(
+        variable = self.add_weight(
             shape=(shard.height, shard.width),
-            initializer=initialize,
+            initializer="zeros",
             name=shard.name.replace(".", "_"),
             dtype="float32",
         )
+        step = max(1, CHUNK_BYTES // (4 * shard.width))
+        for start in range(0, shard.height, step):
+            stop = min(shard.height, start + step)
+            rows_range = (shard.rows[0] + start, shard.rows[0] + stop)
+            values = initial_table_values(shard.table, rows, dim, seed, rows_range, shard.columns)
+            assign_rows(variable, start, values)
+        return variable
 
     @staticmethod
     def ids_by_table(ids: Any, tables: Sequence[int]) -> dict[int, tf.Tensor]:
