@@ -79,6 +79,7 @@ def test_two_ranks_resume_a_one_rank_checkpoint_like_one_rank(
             data_parallel_threshold=2000,
             column_slice_threshold=6000,
             row_slice_threshold=20000,
+            global_batch_size=1024,  # the run's --batch_size, which costs a given plan
         ),
     )
     assert {t.kind for t in plan.tables} == {
