@@ -1,12 +1,20 @@
-"""Several ranks in one process, for unit tests: one thread per rank, and
-`Collectives` that exchange numpy copies through a shared hub (eager mode only).
-What real processes under horovodrun add is tested in tests/integration."""
+"""W ranks in one process, for unit tests: one thread per rank, and a
+`Collectives` per rank that exchanges numpy copies through a shared `Hub`.
+
+The tensor collectives run as `tf.numpy_function`, so they work in eager mode
+and inside `tf.function` (the trainer's step) alike. Like Horovod's ops, they
+are not stateful by default: a collective whose result is unused is pruned
+from the graph, and one whose inputs are all constants may be evaluated while
+tracing, so the hazards that make real ranks hang show up here as a rank that
+waits alone and times out. What real processes under horovodrun add (Gloo,
+process boundaries) is tested in tests/integration.
+"""
 
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -14,69 +22,249 @@ import tensorflow as tf
 
 from dlrm.dist import Collectives
 
-TIMEOUT_S = 60
+TIMEOUT_S = 60.0
+
+
+class SimulatedRankError(RuntimeError):
+    """A rank waited too long in a collective, or another rank failed."""
 
 
 class Hub:
-    """What the ranks post for one collective, and a barrier to meet at."""
+    """Where the ranks meet: a mailbox keyed by (collective name, how many times
+    this rank has run it), so that collectives pair up by name and order, not by
+    the order in which a rank's graph happens to run them."""
 
-    def __init__(self, world_size: int) -> None:
-        self.barrier = threading.Barrier(world_size, timeout=TIMEOUT_S)
-        self.posted: dict[int, Any] = {}
+    def __init__(self, world_size: int, timeout_s: float = TIMEOUT_S) -> None:
+        self.world_size = world_size
+        self.timeout_s = timeout_s
+        self._condition = threading.Condition()
+        self._posted: dict[tuple[str, int], dict[int, Any]] = {}
+        self._read: dict[tuple[str, int], int] = {}
+        self._failure: str | None = None
 
-    def exchange(self, rank: int, value: Any) -> list[Any]:
-        """Every rank's `value`, in rank order, once all have posted."""
-        self.posted[rank] = value
-        self.barrier.wait()
-        everyone = [self.posted[r] for r in range(len(self.posted))]
-        self.barrier.wait()  # nobody posts the next value before all have read
-        return everyone
+    def exchange(self, rank: int, key: tuple[str, int], value: Any) -> list[Any]:
+        """Every rank's `value` posted under `key`, in rank order, once all have."""
+        with self._condition:
+            self._raise_if_failed(rank, key)
+            posted = self._posted.setdefault(key, {})
+            if rank in posted:
+                raise SimulatedRankError(f"rank {rank} posted {key} twice")
+            posted[rank] = value
+            self._condition.notify_all()
+            complete = self._condition.wait_for(
+                lambda: self._failure is not None or len(posted) == self.world_size,
+                timeout=self.timeout_s,
+            )
+            self._raise_if_failed(rank, key)
+            if not complete:
+                missing = sorted(set(range(self.world_size)) - set(posted))
+                message = (
+                    f"rank {rank} waited {self.timeout_s:g} s in collective {key[0]!r} "
+                    f"(call {key[1]}); ranks {missing} never reached it"
+                )
+                self.abort(message)
+                raise SimulatedRankError(message)
+            everyone = [posted[r] for r in range(self.world_size)]
+            self._read[key] = self._read.get(key, 0) + 1
+            if self._read[key] == self.world_size:  # the last reader frees the slot
+                del self._posted[key], self._read[key]
+            return everyone
+
+    def abort(self, reason: str) -> None:
+        """Wakes every waiting rank with an error (a rank failed)."""
+        with self._condition:
+            if self._failure is None:
+                self._failure = reason
+            self._condition.notify_all()
+
+    def _raise_if_failed(self, rank: int, key: tuple[str, int]) -> None:
+        if self._failure is not None:
+            raise SimulatedRankError(
+                f"rank {rank} gave up in collective {key[0]!r}: {self._failure}"
+            )
 
 
 class SimulatedCollectives(Collectives):
-    def __init__(self, rank: int, world_size: int, hub: Hub) -> None:
-        self.rank, self.world_size, self.hub = rank, world_size, hub
+    """Rank `rank` of `world_size`, exchanging through `hub`.
+
+    Args:
+        stateful: mark the collectives' ops stateful. False (the default) is
+            how Horovod registers its ops, and what the code under test must
+            cope with.
+    """
+
+    def __init__(self, rank: int, world_size: int, hub: Hub, stateful: bool = False) -> None:
+        if hub.world_size != world_size:
+            raise ValueError(f"the hub is for {hub.world_size} ranks, not {world_size}")
+        self.rank = rank
+        self.local_rank = rank
+        self.world_size = world_size
+        self.hub = hub
+        self.stateful = stateful
+        self._calls: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    def _exchange(self, name: str, value: Any) -> list[Any]:
+        """Every rank's `value` for this rank's next call of collective `name`."""
+        with self._lock:  # a graph may run this rank's collectives concurrently
+            count = self._calls.get(name, 0)
+            self._calls[name] = count + 1
+        return self.hub.exchange(self.rank, (name, count), value)
+
+    def _run(
+        self,
+        name: str,
+        combine: Callable[[list[list[np.ndarray]]], list[np.ndarray]],
+        tensors: Sequence[tf.Tensor],
+    ) -> list[tf.Tensor]:
+        """`combine(every rank's arrays)` as one op, in eager and graph mode;
+        outputs have the inputs' dtypes (their shapes are set by the caller)."""
+        tensors = [tf.convert_to_tensor(t) for t in tensors]
+        if not tensors:
+            return []
+
+        def body(*arrays: np.ndarray) -> list[np.ndarray]:
+            everyone = self._exchange(name, [np.array(a) for a in arrays])
+            outputs = combine(everyone)
+            return [
+                np.asarray(out, dtype=t.dtype.as_numpy_dtype)
+                for out, t in zip(outputs, tensors, strict=True)
+            ]
+
+        outputs = tf.numpy_function(body, tensors, [t.dtype for t in tensors], self.stateful)
+        return list(outputs)
+
+    # ------------------------------------------------------------- tensors
 
     def alltoall(
         self, tensor: tf.Tensor, splits: Sequence[int] | tf.Tensor, name: str
     ) -> tf.Tensor:
-        sent = (np.asarray(tensor), np.asarray(splits, np.int64))
-        parts = []
-        for data, source_splits in self.hub.exchange(self.rank, sent):
-            start = int(source_splits[: self.rank].sum())
-            parts.append(data[start : start + int(source_splits[self.rank])])
-        return tf.constant(np.concatenate(parts))
+        tensor = tf.convert_to_tensor(tensor)
+        splits = tf.cast(splits, tf.int64)
+        rank, world = self.rank, self.world_size
+
+        def combine(everyone: list[list[np.ndarray]]) -> list[np.ndarray]:
+            parts = []
+            for source, (data, source_splits) in enumerate(everyone):
+                if len(source_splits) != world or source_splits.sum() != len(data):
+                    raise SimulatedRankError(
+                        f"alltoall {name!r}: rank {source} sent {len(data)} rows split as "
+                        f"{source_splits.tolist()}; expected {world} splits summing to the rows"
+                    )
+                start = int(source_splits[:rank].sum())
+                parts.append(data[start : start + int(source_splits[rank])])
+            return [np.concatenate(parts), everyone[rank][1]]
+
+        received, _ = self._run(name, combine, [tensor, splits])
+        received.set_shape(tf.TensorShape([None]).concatenate(tensor.shape[1:]))
+        return received
 
     def allreduce_sum(self, tensors: Sequence[Any], names: Sequence[str]) -> list[Any]:
-        out = []
+        if len(tensors) != len(names):
+            raise ValueError(f"allreduce_sum: {len(tensors)} tensors, {len(names)} names")
+        flat, sparse = [], []
         for tensor in tensors:
-            if isinstance(tensor, tf.IndexedSlices):  # allgathered, as Horovod does
-                everyone = self.hub.exchange(
-                    self.rank, (tensor.values.numpy(), tensor.indices.numpy())
-                )
-                values = np.concatenate([v for v, _ in everyone])
-                indices = np.concatenate([i for _, i in everyone])
-                out.append(
-                    tf.IndexedSlices(tf.constant(values), tf.constant(indices), tensor.dense_shape)
-                )
-            else:
-                out.append(tf.constant(sum(self.hub.exchange(self.rank, np.asarray(tensor)))))
-        return out
+            sparse.append(isinstance(tensor, tf.IndexedSlices))
+            flat += [tensor.values, tensor.indices] if sparse[-1] else [tensor]
 
-    def allgather_object(self, value: Any, name: str) -> list[Any]:
-        return self.hub.exchange(self.rank, value)
+        def combine(everyone: list[list[np.ndarray]]) -> list[np.ndarray]:
+            out, position = [], 0
+            for is_sparse in sparse:  # IndexedSlices are allgathered, as Horovod does
+                width = 2 if is_sparse else 1
+                for part in range(width):
+                    arrays = [arrays[position + part] for arrays in everyone]
+                    out.append(np.concatenate(arrays) if is_sparse else sum(arrays))
+                position += width
+            return out
+
+        reduced = iter(self._run("|".join(names), combine, flat))
+        results: list[Any] = []
+        for tensor, is_sparse in zip(tensors, sparse, strict=True):
+            if is_sparse:
+                values, indices = next(reduced), next(reduced)
+                values.set_shape(tf.TensorShape([None]).concatenate(tensor.values.shape[1:]))
+                indices.set_shape([None])
+                results.append(tf.IndexedSlices(values, indices, tensor.dense_shape))
+            else:
+                total = next(reduced)
+                total.set_shape(tensor.shape)
+                results.append(total)
+        return results
+
+    def allgather(self, tensor: tf.Tensor) -> tf.Tensor:
+        tensor = tf.convert_to_tensor(tensor)
+        (gathered,) = self._run(
+            "allgather", lambda everyone: [np.concatenate([a for (a,) in everyone])], [tensor]
+        )
+        gathered.set_shape(tf.TensorShape([None]).concatenate(tensor.shape[1:]))
+        return gathered
 
     def any_true(self, flags: tf.Tensor, name: str) -> tf.Tensor:
-        return tf.constant(np.any(self.hub.exchange(self.rank, np.asarray(flags)), axis=0))
+        flags = tf.convert_to_tensor(flags)
+        (anywhere,) = self._run(
+            name, lambda everyone: [np.logical_or.reduce([a for (a,) in everyone])], [flags]
+        )
+        anywhere.set_shape(flags.shape)
+        return anywhere
+
+    def broadcast_variables(self, variables: Sequence[Any]) -> None:
+        tensors = [tf.convert_to_tensor(v) for v in variables]
+        values = self._run("broadcast_variables", lambda everyone: everyone[0], tensors)
+        for variable, value in zip(variables, values, strict=True):
+            variable.assign(tf.reshape(value, variable.shape))
+
+    # ------------------------------------------------------------- objects
+
+    def allgather_object(self, value: Any, name: str) -> list[Any]:
+        return self._exchange(name, value)
+
+    def broadcast_object(self, value: Any, name: str) -> Any:
+        return self._exchange(name, value)[0]
+
+    def barrier(self) -> None:
+        self._exchange("barrier", None)
 
 
-def run_ranks(world_size: int, work: Callable[[SimulatedCollectives], Any]) -> list[Any]:
-    """`work(collectives)` on `world_size` threads; their results in rank order.
-    An exception on any rank is raised here (the others time out at the hub)."""
-    hub = Hub(world_size)
-    with ThreadPoolExecutor(world_size) as pool:
-        futures = [
-            pool.submit(work, SimulatedCollectives(rank, world_size, hub))
-            for rank in range(world_size)
-        ]
-        return [future.result(timeout=2 * TIMEOUT_S) for future in futures]
+def run_ranks(
+    world_size: int,
+    work: Callable[[SimulatedCollectives], Any],
+    timeout_s: float = TIMEOUT_S,
+    stateful: bool = False,
+) -> list[Any]:
+    """`work(collectives)` on `world_size` threads, one per rank; their results
+    in rank order.
+
+    The first exception raised on any rank is raised here, after the other
+    ranks have been woken from their collectives. A rank still running
+    `2 * timeout_s` after the start is reported as stuck (its thread is left
+    behind as a daemon) rather than hanging the test run.
+    """
+    hub = Hub(world_size, timeout_s)
+    results: list[Any] = [None] * world_size
+    errors: list[tuple[int, BaseException]] = []
+    lock = threading.Lock()
+
+    def one_rank(rank: int) -> None:
+        try:
+            results[rank] = work(SimulatedCollectives(rank, world_size, hub, stateful))
+        except BaseException as error:  # noqa: BLE001 - re-raised by the caller's thread
+            with lock:
+                errors.append((rank, error))
+            hub.abort(f"rank {rank} failed: {type(error).__name__}: {error}")
+
+    threads = [
+        threading.Thread(target=one_rank, args=(rank,), name=f"rank{rank}", daemon=True)
+        for rank in range(world_size)
+    ]
+    for thread in threads:
+        thread.start()
+    deadline = time.monotonic() + 2 * timeout_s
+    for thread in threads:
+        thread.join(max(0.0, deadline - time.monotonic()))
+    stuck = [rank for rank, thread in enumerate(threads) if thread.is_alive()]
+    if errors:  # the first to fail is the cause; the others were woken by it
+        rank, error = errors[0]
+        raise SimulatedRankError(f"rank {rank} failed: {type(error).__name__}: {error}") from error
+    if stuck:
+        raise SimulatedRankError(f"ranks {stuck} still running after {2 * timeout_s:g} s")
+    return results

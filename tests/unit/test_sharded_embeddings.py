@@ -1,46 +1,86 @@
-"""ShardedEmbeddings' three steps and explicit backward on W ranks simulated in one
-process (threads, tests/unit/simulated_ranks.py): every rank's vectors and every
-shard's gradient are those of LocalEmbeddings on the global batch, for plans of
-every kind, ranks that hold no model-parallel shard, and both input modes. Real
-horovodrun processes run the same plans in tests/integration/test_hybrid_parallel.py."""
+"""ShardedEmbeddings and the Trainer on W ranks simulated in one process (one
+thread per rank, tests/unit/simulated_ranks.py), against one process on the
+global batch: every rank's vectors, every shard's initial values and gradient,
+and the weights after a few training steps, for plans of every kind, a rank that
+holds no model-parallel shard, and both input modes. Real horovodrun processes
+run the same plans in tests/integration/test_hybrid_parallel.py."""
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
+import keras
 import numpy as np
 import pytest
 import tensorflow as tf
 
+from dataloading.split_binary import Batch
 from dlrm.embedding.local import LocalEmbeddings
 from dlrm.embedding.planner import TableSpec
 from dlrm.embedding.shard import ShardingKind
 from dlrm.embedding.sharded import ShardedEmbeddings
+from dlrm.model import Dlrm, ModelConfig
+from dlrm.optimizers import create_optimizer
+from dlrm.precision import choose_precision
+from dlrm.schedule import DlrmSchedule, ScheduleConfig
+from dlrm.trainer import Trainer
 from tests.integration.scripts.hybrid_steps import DIM, plan_for
-from tests.unit.simulated_ranks import SimulatedCollectives, run_ranks
+from tests.unit.simulated_ranks import Hub, SimulatedCollectives, run_ranks
 
 CARDINALITIES = (23, 7, 300, 11, 5)
 HOTNESS = (1, 2, 1, 3, 1)
+ONE_HOT = (1, 1, 1, 1, 1)
 GLOBAL_BATCH = 12  # divides by 2 and 3
+NUM_NUMERICAL = 3
 SEED = 3
+PLANS = ("mixed", "idle_rank", "row_wise_rank", "planner", "data_parallel", "column_wise")
 
 
-def global_batch(rng: np.random.Generator) -> list[np.ndarray]:
+def specs(hotness: tuple[int, ...] = HOTNESS) -> list[TableSpec]:
+    return [TableSpec(c, DIM, h) for c, h in zip(CARDINALITIES, hotness, strict=True)]
+
+
+def global_ids(rng: np.random.Generator, hotness: tuple[int, ...]) -> list[np.ndarray]:
+    """Ids [G, hotness_t] per table."""
     return [
         rng.integers(0, c, (GLOBAL_BATCH, h)).astype(np.int32)
-        for c, h in zip(CARDINALITIES, HOTNESS, strict=True)
+        for c, h in zip(CARDINALITIES, hotness, strict=True)
     ]
 
 
-@pytest.fixture(scope="module")
-def reference() -> dict[str, Any]:
+def loader_ids(layer: ShardedEmbeddings, ids: list[np.ndarray], rank: int) -> Any:
+    """What the loader gives `rank`: with model-parallel input, the global batch
+    of the layer's `input_tables`, in that order; with data-parallel input, the
+    local rows of every table. [B, n] when every table read is one-hot, else a
+    tuple of [B, hotness]."""
+    if layer.data_parallel_input:
+        rows = GLOBAL_BATCH // layer.world_size
+        read = [x[rank * rows : (rank + 1) * rows] for x in ids]
+    else:
+        read = [ids[t] for t in layer.input_tables]
+    if read and all(x.shape[1] == 1 for x in read):
+        return tf.constant(np.concatenate(read, axis=1))
+    return tuple(tf.constant(x) for x in read)
+
+
+def local_rows_of(array: np.ndarray, rank: int, world_size: int) -> np.ndarray:
+    rows = len(array) // world_size
+    return array[rank * rows : (rank + 1) * rows]
+
+
+# ----------------------------------------------------- lookup and its backward
+
+
+@functools.cache
+def reference(hotness: tuple[int, ...]) -> dict[str, Any]:
     """LocalEmbeddings' vectors and table gradients for one global batch."""
     rng = np.random.default_rng(0)
-    ids = global_batch(rng)
+    ids = global_ids(rng, hotness)
     upstream = rng.normal(size=(GLOBAL_BATCH, len(CARDINALITIES), DIM)).astype(np.float32)
-    local = LocalEmbeddings(CARDINALITIES, DIM, seed=SEED, hotness=HOTNESS)
+    local = LocalEmbeddings(CARDINALITIES, DIM, seed=SEED, hotness=hotness)
     with tf.GradientTape() as tape:
-        vectors = local(tuple(ids))
+        vectors = local(tuple(tf.constant(x) for x in ids))
     gradients = tape.gradient(vectors, local.tables, output_gradients=tf.constant(upstream))
     return {
         "ids": ids,
@@ -51,72 +91,293 @@ def reference() -> dict[str, Any]:
     }
 
 
-def one_rank(
-    collectives: SimulatedCollectives, kind: str, data_parallel_input: bool, ref: dict[str, Any]
+def lookup_on_rank(
+    collectives: SimulatedCollectives,
+    kind: str,
+    hotness: tuple[int, ...],
+    data_parallel_input: bool,
+    in_function: bool,
 ) -> dict[str, Any]:
+    """One rank's vectors and shard gradients, by the three steps and the explicit
+    backward, as the trainer runs them."""
+    ref = reference(hotness)
     rank, world = collectives.rank, collectives.world_size
-    specs = [TableSpec(c, DIM, h) for c, h in zip(CARDINALITIES, HOTNESS, strict=True)]
     layer = ShardedEmbeddings(
-        plan_for(kind, specs, world, GLOBAL_BATCH),
+        plan_for(kind, specs(hotness), world, GLOBAL_BATCH),
         collectives,
         seed=SEED,
         data_parallel_input=data_parallel_input,
     )
     local_rows = GLOBAL_BATCH // world
-    mine = slice(rank * local_rows, (rank + 1) * local_rows)
-    if data_parallel_input:  # every table, the local rows
-        ids = tuple(tf.constant(x[mine]) for x in ref["ids"])
-    else:  # the tables this rank reads, the global batch, as the loader gives them
-        ids = tuple(tf.constant(ref["ids"][t]) for t in layer.input_tables)
-    with tf.GradientTape() as tape:
-        looked_up = layer.lookup(ids, local_rows)
-    vectors = layer.output_distribution(looked_up, local_rows)
-    lookup_gradients = layer.output_distribution_gradient(
-        tf.constant(ref["upstream"][mine]), local_rows
-    )
-    shards = layer.local_shards()
-    gradients = tape.gradient(looked_up, [v for _, v in shards], output_gradients=lookup_gradients)
+    variables = [v for _, v in layer.local_shards()]
+
+    def step(ids: Any, upstream: tf.Tensor) -> tuple[tf.Tensor, list[Any]]:
+        with tf.GradientTape() as tape:
+            routed = layer.input_distribution(ids, local_rows)
+            looked_up = layer.local_lookup(routed, local_rows)
+        vectors = layer.output_distribution(looked_up, local_rows)
+        # The trainer's upstream gradient comes from the vectors, so each rank runs
+        # its two alltoalls in turn (see simulated_ranks: a waiting collective
+        # holds one of TensorFlow's few inter-op threads).
+        with tf.control_dependencies([vectors]):
+            upstream = tf.identity(upstream)
+        lookup_gradients = layer.output_distribution_gradient(upstream, local_rows)
+        gradients = tape.gradient(looked_up, variables, output_gradients=lookup_gradients)
+        # Densified here: tf.function cannot return None or IndexedSlices of any shape.
+        return vectors, [
+            tf.zeros_like(v) if g is None else tf.convert_to_tensor(g)
+            for v, g in zip(variables, gradients, strict=True)
+        ]
+
+    run = tf.function(step) if in_function else step
+    upstream = tf.constant(local_rows_of(ref["upstream"], rank, world))
+    vectors, gradients = run(loader_ids(layer, ref["ids"], rank), upstream)
     return {
         "vectors": vectors.numpy(),
         "shards": [
-            (
-                shard,
-                variable.numpy(),
-                None if g is None else tf.convert_to_tensor(g).numpy(),
-            )
-            for (shard, variable), g in zip(shards, gradients, strict=True)
+            (shard, gradient.numpy())
+            for (shard, _), gradient in zip(layer.local_shards(), gradients, strict=True)
         ],
         "holds_model_parallel": bool(layer.mine),
     }
 
 
-@pytest.mark.parametrize("world_size", [2, 3])
-@pytest.mark.parametrize(
-    "kind", ["mixed", "idle_rank", "row_wise_rank", "planner", "data_parallel", "column_wise"]
-)
-@pytest.mark.parametrize("data_parallel_input", [False, True])
-def test_ranks_get_the_vectors_and_gradients_of_one_process(
-    reference: dict[str, Any], world_size: int, kind: str, data_parallel_input: bool
+def check_against_one_process(
+    results: list[dict[str, Any]], hotness: tuple[int, ...], world_size: int
 ) -> None:
-    results = run_ranks(world_size, lambda c: one_rank(c, kind, data_parallel_input, reference))
-    local_rows = GLOBAL_BATCH // world_size
+    ref = reference(hotness)
     replicated_sum: dict[int, np.ndarray] = {}
+    covered = [np.zeros(t.shape, int) for t in ref["tables"]]
     for rank, result in enumerate(results):
-        rows = slice(rank * local_rows, (rank + 1) * local_rows)
         np.testing.assert_allclose(
-            result["vectors"], reference["vectors"][rows], rtol=1e-5, atol=1e-7
+            result["vectors"],
+            local_rows_of(ref["vectors"], rank, world_size),
+            rtol=1e-5,
+            atol=1e-7,
+            err_msg=f"rank {rank}'s vectors",
         )
-        for shard, values, gradient in result["shards"]:
-            whole = (slice(*shard.rows), slice(*shard.columns))
-            # Initial values: the slice of the one-process table.
-            np.testing.assert_array_equal(values, reference["tables"][shard.table][whole])
-            gradient = np.zeros_like(values) if gradient is None else gradient
+        for shard, gradient in result["shards"]:
             if shard.kind == ShardingKind.DATA_PARALLEL:  # summed over ranks by the trainer
                 replicated_sum[shard.table] = replicated_sum.get(shard.table, 0) + gradient
-            else:
-                expected = reference["gradients"][shard.table][whole]
-                np.testing.assert_allclose(gradient, expected, rtol=1e-5, atol=1e-6)
+                continue
+            whole = (slice(*shard.rows), slice(*shard.columns))
+            covered[shard.table][whole] += 1
+            np.testing.assert_allclose(
+                gradient,
+                ref["gradients"][shard.table][whole],
+                rtol=1e-5,
+                atol=1e-6,
+                err_msg=f"rank {rank}'s gradient of {shard.name}",
+            )
     for table, gradient in replicated_sum.items():
-        np.testing.assert_allclose(gradient, reference["gradients"][table], rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(
+            gradient,
+            ref["gradients"][table],
+            rtol=1e-5,
+            atol=1e-6,
+            err_msg=f"the replicated table {table}'s gradient summed over ranks",
+        )
+    for table, count in enumerate(covered):  # each table model-parallel xor replicated
+        expected = 0 if table in replicated_sum else 1
+        assert (count == expected).all(), f"table {table}: elements held {np.unique(count)} times"
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+@pytest.mark.parametrize("kind", PLANS)
+@pytest.mark.parametrize("data_parallel_input", [False, True])
+def test_ranks_get_the_vectors_and_gradients_of_one_process(
+    world_size: int, kind: str, data_parallel_input: bool
+) -> None:
+    results = run_ranks(
+        world_size,
+        lambda c: lookup_on_rank(c, kind, HOTNESS, data_parallel_input, in_function=False),
+    )
+    check_against_one_process(results, HOTNESS, world_size)
     if kind == "idle_rank":
         assert [r["holds_model_parallel"] for r in results] == [True] + [False] * (world_size - 1)
+
+
+@pytest.mark.parametrize("kind", ["mixed", "idle_rank"])
+@pytest.mark.parametrize("data_parallel_input", [False, True])
+def test_one_hot_ids_in_a_tf_function(kind: str, data_parallel_input: bool) -> None:
+    """The loader's [B, n] form, and the collectives as graph ops: on the idle
+    rank, nothing uses the received ids or lookup gradients, and pruning or
+    constant-folding either collective would leave the other rank waiting."""
+    results = run_ranks(
+        2, lambda c: lookup_on_rank(c, kind, ONE_HOT, data_parallel_input, in_function=True)
+    )
+    check_against_one_process(results, ONE_HOT, 2)
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+@pytest.mark.parametrize("kind", PLANS)
+def test_every_shard_starts_as_its_slice_of_the_one_process_table(
+    world_size: int, kind: str
+) -> None:
+    tables = reference(HOTNESS)["tables"]
+    plan = plan_for(kind, specs(), world_size, GLOBAL_BATCH)
+    hub = Hub(world_size)  # building a layer runs no collective
+    for rank in range(world_size):
+        layer = ShardedEmbeddings(plan, SimulatedCollectives(rank, world_size, hub), seed=SEED)
+        assert [s for s, _ in layer.local_shards()], f"rank {rank} holds no shard"
+        for shard, variable in layer.local_shards():
+            whole = (slice(*shard.rows), slice(*shard.columns))
+            np.testing.assert_array_equal(
+                variable.numpy(), tables[shard.table][whole], err_msg=shard.name
+            )
+
+
+def test_simulated_ranks_report_the_failing_rank_and_do_not_hang() -> None:
+    def work(collectives: SimulatedCollectives) -> None:
+        if collectives.rank == 1:
+            raise KeyError("boom")
+        collectives.alltoall(tf.zeros([2]), [1, 1], name="never_completed")
+
+    with pytest.raises(RuntimeError, match="rank 1 failed: KeyError"):
+        run_ranks(2, work, timeout_s=10)
+
+
+# ------------------------------------------------------------------- training
+
+STEPS = 3
+LEARNING_RATES = {"sgd": 0.5, "adam": 0.01}
+
+
+def model_config() -> ModelConfig:
+    return ModelConfig(
+        NUM_NUMERICAL,
+        CARDINALITIES,
+        HOTNESS,
+        embedding_dim=DIM,
+        bottom_mlp_dims=(9, DIM),
+        top_mlp_dims=(11, 1),
+    )
+
+
+def make_trainer(optimizer: str, embeddings: ShardedEmbeddings | None, collectives: Any) -> Trainer:
+    model = Dlrm(model_config(), embeddings=embeddings, seed=SEED)
+    return Trainer(
+        model,
+        create_optimizer(optimizer),
+        DlrmSchedule(ScheduleConfig(LEARNING_RATES[optimizer])),
+        choose_precision(False, False),
+        GLOBAL_BATCH,
+        collectives=collectives,
+    )
+
+
+def global_batches() -> list[dict[str, Any]]:
+    rng = np.random.default_rng(1)
+    return [
+        {
+            "numerical": rng.normal(size=(GLOBAL_BATCH, NUM_NUMERICAL)).astype(np.float32),
+            "ids": global_ids(rng, HOTNESS),
+            "label": rng.integers(0, 2, (GLOBAL_BATCH, 1)).astype(np.float32),
+            # A padding row (weight 0), as the last batch of an epoch has.
+            "weight": np.where(np.arange(GLOBAL_BATCH) == 5, 0.0, 1.0)[:, None].astype(
+                np.float32
+            ),
+        }
+        for _ in range(STEPS)
+    ]
+
+
+def trained_state(trainer: Trainer, losses: list[float]) -> dict[str, Any]:
+    shards = trainer.model.embeddings.local_shards()
+    return {
+        "losses": np.array(losses),
+        "dense": [v.numpy() for v in trainer.dense_variables],
+        "shards": [
+            (shard, variable.numpy(), {k: s.numpy() for k, s in trainer.optimizer.slots(variable).items()})
+            for shard, variable in shards
+        ],
+    }
+
+
+@functools.cache
+def one_process(optimizer: str) -> dict[str, Any]:
+    keras.utils.set_random_seed(1)
+    trainer = make_trainer(optimizer, None, None)
+    initial = [v.numpy() for v in trainer.dense_variables]
+    losses = []
+    for batch in global_batches():
+        categorical = tuple(tf.constant(x) for x in batch["ids"])
+        losses.append(
+            float(
+                trainer.train_step(
+                    Batch(batch["numerical"], categorical, batch["label"], batch["weight"])
+                )
+            )
+        )
+    trainer.check_finite()
+    return {"initial_dense": initial, **trained_state(trainer, losses)}
+
+
+def train_on_rank(
+    collectives: SimulatedCollectives, kind: str, optimizer: str, data_parallel_input: bool
+) -> dict[str, Any]:
+    rank, world = collectives.rank, collectives.world_size
+    embeddings = ShardedEmbeddings(
+        plan_for(kind, specs(), world, GLOBAL_BATCH),
+        collectives,
+        seed=SEED,
+        data_parallel_input=data_parallel_input,
+    )
+    trainer = make_trainer(optimizer, embeddings, collectives)
+    # Rank 0 holds the one-process run's initial dense weights, the others
+    # something else: the broadcast must give every rank rank 0's.
+    initial = one_process(optimizer)["initial_dense"] if rank == 0 else None
+    for position, variable in enumerate(trainer.dense_variables):
+        variable.assign(initial[position] if initial else np.full(variable.shape, 0.1 * rank))
+    collectives.broadcast_variables(trainer.dense_variables)
+    losses = []
+    for batch in global_batches():
+        local = {k: local_rows_of(batch[k], rank, world) for k in ("numerical", "label", "weight")}
+        categorical = loader_ids(embeddings, batch["ids"], rank)
+        losses.append(
+            float(
+                trainer.train_step(
+                    Batch(local["numerical"], categorical, local["label"], local["weight"])
+                )
+            )
+        )
+    trainer.check_finite()
+    return trained_state(trainer, losses)
+
+
+@pytest.mark.parametrize(
+    ("kind", "optimizer", "data_parallel_input"),
+    [("idle_rank", "sgd", False), ("mixed", "adam", True), ("mixed", "sgd", False)],
+)
+def test_trainer_on_two_ranks_gives_the_weights_of_one_process(
+    kind: str, optimizer: str, data_parallel_input: bool
+) -> None:
+    expected = one_process(optimizer)
+    results = run_ranks(2, lambda c: train_on_rank(c, kind, optimizer, data_parallel_input))
+    tables = {shard.table: (values, slots) for shard, values, slots in expected["shards"]}
+    for rank, result in enumerate(results):
+        # Each rank's loss is its local rows' share of the global loss.
+        assert result["losses"].shape == expected["losses"].shape
+        for position, (ours, theirs) in enumerate(
+            zip(result["dense"], expected["dense"], strict=True)
+        ):
+            np.testing.assert_allclose(
+                ours, theirs, rtol=1e-5, atol=1e-7, err_msg=f"rank {rank} dense {position}"
+            )
+        for shard, values, slots in result["shards"]:
+            whole = (slice(*shard.rows), slice(*shard.columns))
+            table_values, table_slots = tables[shard.table]
+            np.testing.assert_allclose(
+                values, table_values[whole], rtol=1e-5, atol=1e-7, err_msg=f"rank {rank} {shard.name}"
+            )
+            for name, slot in slots.items():
+                np.testing.assert_allclose(
+                    slot,
+                    table_slots[name][whole],
+                    rtol=1e-5,
+                    atol=1e-9,
+                    err_msg=f"rank {rank} {shard.name} slot {name}",
+                )
+    np.testing.assert_allclose(
+        sum(r["losses"] for r in results), expected["losses"], rtol=1e-5, err_msg="losses"
+    )
