@@ -305,7 +305,12 @@ class ShardedEmbeddings(Embeddings):
 
     def output_distribution_gradient(self, gradient: tf.Tensor, local_rows: Any) -> Any:
         """The gradient of `local_lookup`'s outputs from that of the vectors [L, T, D]:
-        the reverse alltoall, run by every rank on every step."""
+        the reverse alltoall, run by every rank on every step.
+
+        A caller must use the result on every rank, also on a rank that holds no
+        model-parallel shard (whose tape then reaches no variable through it):
+        inside a `tf.function` an unused collective is pruned and the other ranks
+        wait for it. The trainer checks the result for NaN."""
         block: tf.Tensor = tf.zeros([local_rows * self.world_size, 0])
         if any(self.sent):
             sent = []

@@ -8,6 +8,11 @@ from the graph, and one whose inputs are all constants may be evaluated while
 tracing, so the hazards that make real ranks hang show up here as a rank that
 waits alone and times out. What real processes under horovodrun add (Gloo,
 process boundaries) is tested in tests/integration.
+
+One limit that Horovod does not have: a collective waiting in a graph holds one
+of TensorFlow's inter-op threads, which the ranks share (as many as cores). In
+`tf.function`, keep to 2 ranks and let each rank run its collectives one after
+the other (as the trainer's step does: each depends on the one before).
 """
 
 from __future__ import annotations
@@ -247,7 +252,7 @@ def run_ranks(
     def one_rank(rank: int) -> None:
         try:
             results[rank] = work(SimulatedCollectives(rank, world_size, hub, stateful))
-        except BaseException as error:  # noqa: BLE001 - re-raised by the caller's thread
+        except BaseException as error:  # re-raised in the caller's thread
             with lock:
                 errors.append((rank, error))
             hub.abort(f"rank {rank} failed: {type(error).__name__}: {error}")

@@ -111,7 +111,7 @@ def lookup_on_rank(
     local_rows = GLOBAL_BATCH // world
     variables = [v for _, v in layer.local_shards()]
 
-    def step(ids: Any, upstream: tf.Tensor) -> tuple[tf.Tensor, list[Any]]:
+    def step(ids: Any, upstream: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor, list[Any]]:
         with tf.GradientTape() as tape:
             routed = layer.input_distribution(ids, local_rows)
             looked_up = layer.local_lookup(routed, local_rows)
@@ -123,15 +123,26 @@ def lookup_on_rank(
             upstream = tf.identity(upstream)
         lookup_gradients = layer.output_distribution_gradient(upstream, local_rows)
         gradients = tape.gradient(looked_up, variables, output_gradients=lookup_gradients)
-        # Densified here: tf.function cannot return None or IndexedSlices of any shape.
-        return vectors, [
-            tf.zeros_like(v) if g is None else tf.convert_to_tensor(g)
-            for v, g in zip(variables, gradients, strict=True)
-        ]
+        # Used, as the trainer's finiteness check uses them: on a rank without
+        # model-parallel shards nothing else does, and the reverse alltoall the
+        # other ranks wait in would be pruned.
+        finite = tf.reduce_all(
+            [tf.reduce_all(tf.math.is_finite(g)) for g in tf.nest.flatten(lookup_gradients)]
+        )
+        # Densified: tf.function cannot return None or IndexedSlices of any shape.
+        return (
+            finite,
+            vectors,
+            [
+                tf.zeros_like(v) if g is None else tf.convert_to_tensor(g)
+                for v, g in zip(variables, gradients, strict=True)
+            ],
+        )
 
     run = tf.function(step) if in_function else step
     upstream = tf.constant(local_rows_of(ref["upstream"], rank, world))
-    vectors, gradients = run(loader_ids(layer, ref["ids"], rank), upstream)
+    finite, vectors, gradients = run(loader_ids(layer, ref["ids"], rank), upstream)
+    assert bool(finite)
     return {
         "vectors": vectors.numpy(),
         "shards": [
@@ -274,9 +285,7 @@ def global_batches() -> list[dict[str, Any]]:
             "ids": global_ids(rng, HOTNESS),
             "label": rng.integers(0, 2, (GLOBAL_BATCH, 1)).astype(np.float32),
             # A padding row (weight 0), as the last batch of an epoch has.
-            "weight": np.where(np.arange(GLOBAL_BATCH) == 5, 0.0, 1.0)[:, None].astype(
-                np.float32
-            ),
+            "weight": np.where(np.arange(GLOBAL_BATCH) == 5, 0.0, 1.0)[:, None].astype(np.float32),
         }
         for _ in range(STEPS)
     ]
@@ -288,7 +297,11 @@ def trained_state(trainer: Trainer, losses: list[float]) -> dict[str, Any]:
         "losses": np.array(losses),
         "dense": [v.numpy() for v in trainer.dense_variables],
         "shards": [
-            (shard, variable.numpy(), {k: s.numpy() for k, s in trainer.optimizer.slots(variable).items()})
+            (
+                shard,
+                variable.numpy(),
+                {k: s.numpy() for k, s in trainer.optimizer.slots(variable).items()},
+            )
             for shard, variable in shards
         ],
     }
@@ -368,7 +381,11 @@ def test_trainer_on_two_ranks_gives_the_weights_of_one_process(
             whole = (slice(*shard.rows), slice(*shard.columns))
             table_values, table_slots = tables[shard.table]
             np.testing.assert_allclose(
-                values, table_values[whole], rtol=1e-5, atol=1e-7, err_msg=f"rank {rank} {shard.name}"
+                values,
+                table_values[whole],
+                rtol=1e-5,
+                atol=1e-7,
+                err_msg=f"rank {rank} {shard.name}",
             )
             for name, slot in slots.items():
                 np.testing.assert_allclose(
