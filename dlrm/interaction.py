@@ -1,4 +1,4 @@
-"""DLRM's dot interaction, with a backward pass that costs one batched matmul.
+"""DLRM's dot interaction, written for the CPU's sake.
 
 The interaction is a stack of tiny per-sample matrix products ([T+1, D] by
 [D, T+1]), which CPU kernels run far below the machine's matmul speed: in the
@@ -6,10 +6,13 @@ default model (T = 26, D = 128, batch 8192, 2 cores) it took a quarter of the
 training step while doing 4 % of its floating-point work. Two things make it
 cheaper, measured in `docs/performance.md`:
 
-- Autodiff of `V @ V^T` runs two batched products (one per operand), although
+- Autodiff of the embeddings' `V @ V^T` runs two batched products (one per operand), although
   both operands are `V`. With the pairs' gradient as the lower triangle `L` of a
-  [T+1, T+1] matrix per sample, the vectors' gradient is `(L + L^T) @ V`: one
+  [T, T] matrix per sample, the vectors' gradient is `(L + L^T) @ V`: one
   product.
+- The bottom-MLP output is not concatenated to the embeddings (a copy of the
+  step's largest activation, and another of its gradient, which took 12 % of
+  the step): its products with them are one batched matrix-vector product.
 - The batched products run over row chunks of `CHUNK_ROWS` samples, whose
   operands stay in cache: about 1.5 to 2 times faster than one product over a
   large batch on the 2-core reference machine.
@@ -25,12 +28,6 @@ import tensorflow as tf
 
 # Samples per batched product (see the module docstring).
 CHUNK_ROWS = 512
-
-
-def lower_triangle_indices(num_vectors: int) -> np.ndarray:
-    """Flat indices (i * n + j) of the pairs i > j, row by row: [n (n - 1) / 2]."""
-    rows, cols = np.tril_indices(num_vectors, k=-1)
-    return (rows * num_vectors + cols).astype(np.int32)
 
 
 def _chunks(rows: int | None) -> list[int] | None:
@@ -53,30 +50,58 @@ def _batched(fn: Any, a: tf.Tensor, b: tf.Tensor) -> tf.Tensor:
 
 
 def _gram(vectors: tf.Tensor) -> tf.Tensor:
+    """vectors [B, n, D] -> [B, n, n]: V V^T per sample."""
     return _batched(lambda x, _: tf.matmul(x, x, transpose_b=True), vectors, vectors)
 
 
-def pairwise_dots(vectors: tf.Tensor) -> tf.Tensor:
-    """vectors [B, n, D] -> [B, n (n - 1) / 2]: <v_i, v_j> for i > j, row by row."""
-    n = vectors.shape[1]
-    pairs = lower_triangle_indices(n)
+def _pair_indices(tables: int) -> np.ndarray:
+    """Where the pairs i > j of the T + 1 vectors (dense first) sit in the
+    [T, T + 1] matrix M = [E d, E E^T] (flattened): pair (i, 0) is <e_i, d> =
+    M[i - 1, 0] and pair (i, j > 0) is <e_i, e_j> = M[i - 1, j]."""
+    rows, cols = np.tril_indices(tables + 1, k=-1)
+    return ((rows - 1) * (tables + 1) + cols).astype(np.int32)
+
+
+def dot_interaction(dense: tf.Tensor, embeddings: tf.Tensor) -> tf.Tensor:
+    """dense [B, D], embeddings [B, T, D] -> [B, D + (T + 1) T / 2]: `dense`,
+    then <v_i, v_j> for i > j, row by row, of the vectors v = (dense, e_1 .. e_T).
+
+    The T + 1 vectors are never concatenated (a copy of the largest tensor of
+    the step, and another for its gradient): the products of `dense` and of the
+    embeddings are computed apart.
+    """
+    tables = embeddings.shape[1]
+    width = dense.shape[1]
+    pairs = _pair_indices(tables)
 
     @tf.custom_gradient
-    def forward(vectors: tf.Tensor) -> tuple[tf.Tensor, Any]:
-        flat = tf.reshape(_gram(vectors), [-1, n * n])
-        dots = tf.gather(flat, pairs, axis=1)
+    def forward(dense: tf.Tensor, embeddings: tf.Tensor) -> tuple[tf.Tensor, Any]:
+        with_dense = tf.matmul(embeddings, dense[:, :, None])  # [B, T, 1]
+        among = _gram(embeddings)  # [B, T, T]
+        products = tf.reshape(tf.concat([with_dense, among], 2), [-1, tables * (tables + 1)])
+        out = tf.concat([dense, tf.gather(products, pairs, axis=1)], axis=1)
 
-        def backward(gradient: tf.Tensor) -> tf.Tensor:
-            # Scatter the pairs' gradient into the lower triangle L of [n, n].
+        def backward(gradient: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
             rows = tf.shape(gradient)[0]
-            lower = tf.scatter_nd(pairs[:, None], tf.transpose(gradient), [n * n, rows])
-            lower = tf.reshape(tf.transpose(lower), [-1, n, n])
+            scattered = tf.scatter_nd(
+                pairs[:, None], tf.transpose(gradient[:, width:]), [tables * (tables + 1), rows]
+            )
+            products_gradient = tf.reshape(tf.transpose(scattered), [-1, tables, tables + 1])
+            with_dense_gradient = products_gradient[:, :, :1]  # [B, T, 1]
+            lower = products_gradient[:, :, 1:]  # strictly lower triangular [B, T, T]
             symmetric = lower + tf.transpose(lower, [0, 2, 1])
-            return _batched(tf.matmul, symmetric, vectors)
+            embeddings_gradient = _batched(tf.matmul, symmetric, embeddings) + tf.matmul(
+                with_dense_gradient, dense[:, None, :]
+            )
+            dense_gradient = (
+                gradient[:, :width]
+                + tf.matmul(with_dense_gradient, embeddings, transpose_a=True)[:, 0, :]
+            )
+            return dense_gradient, embeddings_gradient
 
-        return dots, backward
+        return out, backward
 
-    return forward(vectors)
+    return forward(dense, embeddings)
 
 
 class DotInteraction(keras.layers.Layer):
@@ -88,8 +113,7 @@ class DotInteraction(keras.layers.Layer):
     """
 
     def call(self, dense: tf.Tensor, embeddings: tf.Tensor) -> tf.Tensor:
-        vectors = tf.concat([tf.expand_dims(dense, 1), embeddings], axis=1)  # [B, T+1, D]
-        return tf.concat([dense, pairwise_dots(vectors)], axis=1)
+        return dot_interaction(dense, embeddings)
 
     def compute_output_shape(self, dense_shape: Any, embeddings_shape: Any) -> tuple[Any, ...]:
         n = embeddings_shape[1] + 1

@@ -10,9 +10,10 @@ waits alone and times out. What real processes under horovodrun add (Gloo,
 process boundaries) is tested in tests/integration.
 
 One limit that Horovod does not have: a collective waiting in a graph holds one
-of TensorFlow's inter-op threads, which the ranks share (as many as cores). In
-`tf.function`, keep to 2 ranks and let each rank run its collectives one after
-the other (as the trainer's step does: each depends on the one before).
+of TensorFlow's inter-op threads, which the ranks share. `conftest.py` raises
+their number to 16 for this reason (2, the cores, deadlocked a Trainer step);
+in `tf.function`, keep to few ranks and let each rank run its collectives one
+after the other (as the trainer's step does: each depends on the one before).
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from dlrm.interaction import CHUNK_ROWS, DotInteraction, lower_triangle_indices, pairwise_dots
+from dlrm.interaction import CHUNK_ROWS, DotInteraction, dot_interaction
 
 
 def reference(dense: np.ndarray, embeddings: np.ndarray) -> np.ndarray:
@@ -41,11 +41,13 @@ def test_gradients_flow_to_both_inputs() -> None:
     np.testing.assert_allclose(grad_embeddings.numpy(), 1.5)
 
 
-def _autodiff_reference(vectors: Any) -> Any:
-    """The pairs by plain autodiff of V @ V^T (two batched products backward)."""
+def _autodiff_reference(dense: Any, embeddings: Any) -> Any:
+    """The interaction as autodiff sees it: concatenate, V @ V^T, lower triangle."""
+    vectors = tf.concat([dense[:, None, :], embeddings], axis=1)
     n = vectors.shape[1]
+    rows, cols = np.tril_indices(n, k=-1)
     flat = tf.reshape(tf.matmul(vectors, vectors, transpose_b=True), [-1, n * n])
-    return tf.gather(flat, lower_triangle_indices(n), axis=1)
+    return tf.concat([dense, tf.gather(flat, rows * n + cols, axis=1)], axis=1)
 
 
 @pytest.mark.parametrize(
@@ -58,38 +60,48 @@ def _autodiff_reference(vectors: Any) -> Any:
         (CHUNK_ROWS + 1, "unknown_batch"),  # batch size unknown when traced: one product
     ],
 )
-def test_pairwise_dots_and_gradient_match_autodiff(rows: int, compile_as: str) -> None:
+def test_values_and_gradients_match_autodiff(rows: int, compile_as: str) -> None:
     rng = np.random.default_rng(rows)
-    vectors = tf.constant(rng.normal(size=(rows, 6, 5)).astype(np.float32))
-    upstream = tf.constant(rng.normal(size=(rows, 15)).astype(np.float32))
+    dense = tf.constant(rng.normal(size=(rows, 5)).astype(np.float32))
+    embeddings = tf.constant(rng.normal(size=(rows, 6, 5)).astype(np.float32))
+    upstream = tf.constant(rng.normal(size=(rows, 5 + 21)).astype(np.float32))
 
-    def value_and_gradient(fn: Any) -> Any:
-        def run(v: Any) -> Any:
+    def value_and_gradients(fn: Any) -> Any:
+        def run(d: Any, e: Any) -> Any:
             with tf.GradientTape() as tape:
-                tape.watch(v)
-                out = fn(v)
-            return out, tape.gradient(out, v, output_gradients=upstream)
+                tape.watch([d, e])
+                out = fn(d, e)
+            return out, tape.gradient(out, [d, e], output_gradients=upstream)
 
         if compile_as == "function":
             return tf.function(run)
         if compile_as == "xla":
             return tf.function(run, jit_compile=True)
         if compile_as == "unknown_batch":
-            return tf.function(run, input_signature=[tf.TensorSpec([None, 6, 5], tf.float32)])
+            signature = [tf.TensorSpec([None, 5]), tf.TensorSpec([None, 6, 5])]
+            return tf.function(run, input_signature=signature)
         return run
 
-    out, gradient = value_and_gradient(pairwise_dots)(vectors)
-    want_out, want_gradient = value_and_gradient(_autodiff_reference)(vectors)
-    np.testing.assert_allclose(out.numpy(), want_out.numpy(), rtol=1e-5, atol=1e-5)
-    np.testing.assert_allclose(gradient.numpy(), want_gradient.numpy(), rtol=1e-5, atol=1e-4)
+    out, (dense_gradient, embeddings_gradient) = value_and_gradients(dot_interaction)(
+        dense, embeddings
+    )
+    want, (want_dense, want_embeddings) = value_and_gradients(_autodiff_reference)(
+        dense, embeddings
+    )
+    np.testing.assert_allclose(out.numpy(), want.numpy(), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(dense_gradient.numpy(), want_dense.numpy(), rtol=1e-5, atol=1e-4)
+    np.testing.assert_allclose(
+        embeddings_gradient.numpy(), want_embeddings.numpy(), rtol=1e-5, atol=1e-4
+    )
 
 
-def test_bfloat16_pairs_are_within_bfloat16_rounding() -> None:
+def test_bfloat16_is_within_bfloat16_rounding() -> None:
     rng = np.random.default_rng(1)
-    vectors = rng.uniform(-1, 1, size=(CHUNK_ROWS + 3, 4, 8)).astype(np.float32)
-    out = pairwise_dots(tf.cast(tf.constant(vectors), tf.bfloat16))
+    dense = rng.uniform(-1, 1, size=(CHUNK_ROWS + 3, 8)).astype(np.float32)
+    embeddings = rng.uniform(-1, 1, size=(CHUNK_ROWS + 3, 4, 8)).astype(np.float32)
+    out = dot_interaction(tf.cast(dense, tf.bfloat16), tf.cast(embeddings, tf.bfloat16))
     assert out.dtype == tf.bfloat16
-    want = _autodiff_reference(tf.constant(vectors)).numpy()
+    want = _autodiff_reference(tf.constant(dense), tf.constant(embeddings)).numpy()
     # Operands rounded to bfloat16 (relative error 2^-8 each) and a bfloat16 result:
     # at most about 3 * 2^-8 of the sum of |products| (8 terms of at most 1).
     np.testing.assert_allclose(out.numpy().astype(np.float32), want, atol=8 * 3 * 2.0**-8)
