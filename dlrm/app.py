@@ -193,6 +193,8 @@ def build_session(
             collectives,
             seed=config.seed,
             data_parallel_input=config.input_mode == "data_parallel",
+            # Under --amp the vectors and their gradients cross in 16 bits.
+            wire_dtype=precision.compute_dtype,
         )
     model = Dlrm(
         model_config, embeddings=embeddings, dtype_policy=precision.dtype_policy, seed=config.seed

@@ -130,6 +130,9 @@ class ShardedEmbeddings(Embeddings):
             start from the weights one process would.
         data_parallel_input: ids arrive for the local rows of all tables
             (True) or for the global batch of this rank's tables (False).
+        wire_dtype: what the vectors and their gradients cross the alltoalls
+            as: float32, or the 16-bit compute dtype under --amp (half the
+            bytes; see `_to_wire`).
 
     Call with the ids the loader gives this rank (`input_tables`, in order):
     [B, n] int32 when every table read is one-hot, else a tuple of
@@ -143,6 +146,7 @@ class ShardedEmbeddings(Embeddings):
         collectives: Collectives,
         seed: int = 0,
         data_parallel_input: bool = False,
+        wire_dtype: Any = tf.float32,
         **kwargs: Any,
     ) -> None:
         specs = [table.spec for table in plan.tables]
@@ -163,6 +167,9 @@ class ShardedEmbeddings(Embeddings):
         self.rank = collectives.rank
         self.world_size = collectives.world_size
         self.data_parallel_input = data_parallel_input
+        self.wire_dtype = tf.as_dtype(wire_dtype)
+        if self.wire_dtype not in (tf.float32, tf.bfloat16, tf.float16):
+            raise ValueError(f"wire_dtype: expected float32, bfloat16 or float16, got {wire_dtype}")
         # Model-parallel shards per rank, in the order their outputs are sent.
         self.sent = [
             sorted(
@@ -277,14 +284,36 @@ class ShardedEmbeddings(Embeddings):
 
     # --------------------------------------------------- 3. output distribution
 
+    def _to_wire(self, values: tf.Tensor) -> tf.Tensor:
+        """float32 values as they cross the alltoall: 16 bits each under --amp.
+
+        The model casts the vectors to its 16-bit compute dtype first thing, so
+        rounding them before the alltoall gives the vectors one process uses
+        (row-wise pieces of a multi-hot sum are rounded before they are added);
+        the vectors' gradients are 16-bit values already. Horovod's alltoall has
+        no bfloat16, so bfloat16 crosses as its bits (uint16)."""
+        if self.wire_dtype == tf.float32:
+            return values
+        values = tf.cast(values, self.wire_dtype)
+        return tf.bitcast(values, tf.uint16) if self.wire_dtype == tf.bfloat16 else values
+
+    def _from_wire(self, received: tf.Tensor) -> tf.Tensor:
+        if self.wire_dtype == tf.float32:
+            return received
+        if self.wire_dtype == tf.bfloat16:
+            received = tf.bitcast(received, tf.bfloat16)
+        return tf.cast(received, tf.float32)
+
     def output_distribution(self, looked_up: Any, local_rows: Any) -> tf.Tensor:
         block, replicated = looked_up
         vectors: dict[int, tf.Tensor] = {}
         if any(self.sent):  # the same on every rank: all take part in the alltoall
-            received = self.collectives.alltoall(
-                tf.reshape(block, [-1]),
-                tf.fill([self.world_size], local_rows * self.widths[self.rank]),
-                name="embedding_vectors",
+            received = self._from_wire(
+                self.collectives.alltoall(
+                    self._to_wire(tf.reshape(block, [-1])),
+                    tf.fill([self.world_size], local_rows * self.widths[self.rank]),
+                    name="embedding_vectors",
+                )
             )
             parts: dict[int, list[tuple[TableShard, tf.Tensor]]] = {}
             sizes = tf.stack([local_rows * w for w in self.widths])
@@ -321,10 +350,12 @@ class ShardedEmbeddings(Embeddings):
             outgoing = tf.concat(sent, axis=1) if sent else tf.zeros([local_rows, 0])
             chunks = tf.split(outgoing, self.widths, axis=1, num=self.world_size)
             flat = tf.concat([tf.reshape(chunk, [-1]) for chunk in chunks], axis=0)
-            received = self.collectives.alltoall(
-                flat,
-                tf.stack([local_rows * w for w in self.widths]),
-                name="embedding_vector_gradients",
+            received = self._from_wire(
+                self.collectives.alltoall(
+                    self._to_wire(flat),
+                    tf.stack([local_rows * w for w in self.widths]),
+                    name="embedding_vector_gradients",
+                )
             )
             # Sources in rank order: rows [j L, (j + 1) L) of this rank's [G, C] block.
             block = tf.reshape(received, [local_rows * self.world_size, self.widths[self.rank]])

@@ -8,6 +8,7 @@ run the same plans in tests/integration/test_hybrid_parallel.py."""
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from typing import Any
 
 import keras
@@ -97,9 +98,12 @@ def lookup_on_rank(
     hotness: tuple[int, ...],
     data_parallel_input: bool,
     in_function: bool,
+    wire_dtype: tf.DType = tf.float32,
+    upstream_of: Callable[[np.ndarray], np.ndarray] = lambda upstream: upstream,
 ) -> dict[str, Any]:
     """One rank's vectors and shard gradients, by the three steps and the explicit
-    backward, as the trainer runs them."""
+    backward, as the trainer runs them (with `upstream_of(the reference's
+    upstream gradient)`)."""
     ref = reference(hotness)
     rank, world = collectives.rank, collectives.world_size
     layer = ShardedEmbeddings(
@@ -107,6 +111,7 @@ def lookup_on_rank(
         collectives,
         seed=SEED,
         data_parallel_input=data_parallel_input,
+        wire_dtype=wire_dtype,
     )
     local_rows = GLOBAL_BATCH // world
     variables = [v for _, v in layer.local_shards()]
@@ -140,7 +145,7 @@ def lookup_on_rank(
         )
 
     run = tf.function(step) if in_function else step
-    upstream = tf.constant(local_rows_of(ref["upstream"], rank, world))
+    upstream = tf.constant(local_rows_of(upstream_of(ref["upstream"]), rank, world))
     finite, vectors, gradients = run(loader_ids(layer, ref["ids"], rank), upstream)
     assert bool(finite)
     return {
@@ -218,6 +223,70 @@ def test_one_hot_ids_in_a_tf_function(kind: str, data_parallel_input: bool) -> N
         2, lambda c: lookup_on_rank(c, kind, ONE_HOT, data_parallel_input, in_function=True)
     )
     check_against_one_process(results, ONE_HOT, 2)
+
+
+def bfloat16_rounded(values: np.ndarray) -> np.ndarray:
+    return tf.cast(tf.cast(values, tf.bfloat16), tf.float32).numpy()
+
+
+def one_hot_gradient(ref: dict[str, Any], table: int, upstream: np.ndarray) -> np.ndarray:
+    """A one-hot table's gradient: each row's upstream vectors, summed."""
+    gradient = np.zeros_like(ref["tables"][table])
+    np.add.at(gradient, ref["ids"][table][:, 0], upstream[:, table])
+    return gradient
+
+
+class WireRecorder(SimulatedCollectives):
+    """Records the dtype of what each named alltoall sends."""
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self.sent_dtypes: dict[str, tf.DType] = {}
+
+    def alltoall(self, tensor: tf.Tensor, splits: Any, name: str) -> tf.Tensor:
+        self.sent_dtypes[name] = tf.convert_to_tensor(tensor).dtype
+        return super().alltoall(tensor, splits, name)
+
+
+@pytest.mark.parametrize("kind", ["mixed", "row_wise_rank"])
+def test_vectors_and_gradients_cross_in_16_bits_under_amp(kind: str) -> None:
+    """Under --amp the model rounds the vectors to bfloat16 first thing, and their
+    gradients are bfloat16 values: sent as 16 bits, they arrive as the very
+    values one process uses."""
+    hub = Hub(2)
+    recorders = [WireRecorder(rank, 2, hub) for rank in range(2)]
+    results = run_ranks(
+        2,
+        lambda c: {
+            **lookup_on_rank(
+                recorders[c.rank],
+                kind,
+                ONE_HOT,
+                data_parallel_input=False,
+                in_function=True,
+                wire_dtype=tf.bfloat16,
+                upstream_of=bfloat16_rounded,
+            ),
+            "sent": recorders[c.rank].sent_dtypes,
+        },
+    )
+    ref = reference(ONE_HOT)
+    # The reference's gradients, for the bfloat16-rounded upstream gradient.
+    rounded_upstream = bfloat16_rounded(ref["upstream"])
+    for rank, result in enumerate(results):
+        assert result["sent"]["embedding_vectors"] == tf.uint16  # bfloat16's bits
+        assert result["sent"]["embedding_vector_gradients"] == tf.uint16
+        # Replicated tables' vectors are looked up here and do not cross.
+        replicated = [s.table for s, _ in result["shards"] if s.kind == ShardingKind.DATA_PARALLEL]
+        want_vectors = bfloat16_rounded(local_rows_of(ref["vectors"], rank, 2))
+        want_vectors[:, replicated] = local_rows_of(ref["vectors"], rank, 2)[:, replicated]
+        np.testing.assert_array_equal(result["vectors"], want_vectors)
+        for shard, gradient in result["shards"]:
+            if shard.kind == ShardingKind.DATA_PARALLEL:
+                continue
+            whole = (slice(*shard.rows), slice(*shard.columns))
+            want = one_hot_gradient(ref, shard.table, rounded_upstream)[whole]
+            np.testing.assert_allclose(gradient, want, rtol=1e-6, atol=1e-7, err_msg=shard.name)
 
 
 @pytest.mark.parametrize("world_size", [2, 3])

@@ -120,6 +120,7 @@ def train(spec, collectives, kind, input_mode, optimizer, variant, steps, batch,
     keras.utils.set_random_seed(1)
     data_parallel_input = input_mode == "data_parallel"
     embeddings = None
+    precision = choose_precision(variant == "amp", has_gpu=False)
     if kind != "local":
         specs = [
             TableSpec(rows, DIM, h)
@@ -127,9 +128,12 @@ def train(spec, collectives, kind, input_mode, optimizer, variant, steps, batch,
         ]
         plan = plan_for(kind, specs, world, batch)
         embeddings = ShardedEmbeddings(
-            plan, collectives, seed=1, data_parallel_input=data_parallel_input
+            plan,
+            collectives,
+            seed=1,
+            data_parallel_input=data_parallel_input,
+            wire_dtype=precision.compute_dtype,  # as main.py: 16 bits under --amp
         )
-    precision = choose_precision(variant == "amp", has_gpu=False)
     model = Dlrm(config, embeddings=embeddings, dtype_policy=precision.dtype_policy, seed=1)
     lr = {"sgd": 0.5, "adagrad": 0.1, "adam": 0.01}[optimizer]
     trainer = Trainer(
