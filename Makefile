@@ -31,9 +31,12 @@ lint: install
 demo: install
 	@$(PY) packaging/demo.py $(DEMO_ARGS)
 
+# The benchmark suite: ours against a plain TensorFlow loop, in one run (about half an
+# hour on 2 cores; BENCH_ARGS=--quick for a few minutes). Table, benchmarks/results.json,
+# docs/bench_batch_size.png.
+BENCH_ARGS ?=
 bench: install
-	@$(PY) benchmarks/loader.py
-	@$(PY) benchmarks/train.py
+	@$(PY) benchmarks/suite.py $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) .cache .pytest_cache .mypy_cache .ruff_cache

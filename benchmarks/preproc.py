@@ -1,7 +1,7 @@
 """Spark preprocessing throughput: rows/s of preproc.criteo on a generated click log.
 
     python benchmarks/preproc.py [--rows 1000000] [--days 4] [--spark_master local[*]]
-        [--driver_memory 4g] [--frequency_threshold 2] [--work_dir DIR]
+        [--driver_memory 4g] [--frequency_threshold 2] [--work_dir DIR] [--json FILE]
 
 Generates a Criteo-format log (`--days` day files, `--rows` lines in all, the last
 day the test split), then runs the whole pipeline (parse, vocabularies, train and
@@ -13,6 +13,7 @@ start-up not included; it is printed apart).
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import tempfile
 import time
@@ -35,6 +36,7 @@ def main() -> None:
     parser.add_argument("--driver_memory", default="4g")
     parser.add_argument("--frequency_threshold", type=int, default=2)
     parser.add_argument("--work_dir", type=Path, help="keep the log and dataset here")
+    parser.add_argument("--json", type=Path, help="also write the figures to this file")
     args = parser.parse_args()
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -92,6 +94,16 @@ def main() -> None:
         f"preprocessed {lines:,} lines ({rows:,} rows written) in {elapsed:.1f} s: "
         f"{lines / elapsed:,.0f} rows/s"
     )
+    if args.json:
+        figures = {
+            "lines": lines,
+            "rows_written": rows,
+            "seconds": elapsed,
+            "rows_per_second": lines / elapsed,
+            "spark_startup_seconds": startup,
+            "stage_seconds": {name: s["seconds"] for name, s in report["stages"].items()},
+        }
+        args.json.write_text(json.dumps(figures, indent=2) + "\n")
 
 
 if __name__ == "__main__":

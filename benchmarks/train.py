@@ -108,14 +108,16 @@ def time_variant(
     return steps * batch_size / elapsed, final
 
 
-def rank_worker(dataset: Path, batch_size: int, steps: int, warmup: int, output: Path) -> None:
+def rank_worker(
+    dataset: Path, batch_size: int, steps: int, warmup: int, output: Path, amp: bool = False
+) -> None:
     """One rank of the `--np` measurement (under horovodrun, or alone): times
     `steps` training steps and the collectives inside them; rank 0 writes every
     rank's figures to `output` as JSON."""
     from benchmarks.timed_collectives import TimedCollectives
 
     collectives = TimedCollectives(create_collectives())
-    config = RunConfig(dataset_path=str(dataset), batch_size=batch_size)
+    config = RunConfig(dataset_path=str(dataset), batch_size=batch_size, amp=amp)
     log = MetricsLog(None, None, console=io.StringIO())
     session = build_session(config, log, collectives)
     assert session.trainer is not None and session.spec is not None
@@ -138,7 +140,13 @@ def rank_worker(dataset: Path, batch_size: int, steps: int, warmup: int, output:
 
 
 def measure_ranks(
-    dataset: Path, world_size: int, batch_size: int, steps: int, warmup: int, work: Path
+    dataset: Path,
+    world_size: int,
+    batch_size: int,
+    steps: int,
+    warmup: int,
+    work: Path,
+    amp: bool = False,
 ) -> dict:
     """Runs `rank_worker` on `world_size` processes (one plain process for 1)."""
     output = work / f"ranks_{world_size}.json"
@@ -155,6 +163,7 @@ def measure_ranks(
         str(warmup),
         "--output",
         str(output),
+        *(["--amp"] if amp else []),
     ]
     if world_size > 1:
         horovodrun = Path(sys.executable).parent / "horovodrun"
@@ -184,9 +193,10 @@ def main() -> int:
     )
     parser.add_argument("--output", type=Path, help="also write the results as JSON")
     parser.add_argument("--worker", type=Path, help=argparse.SUPPRESS)  # one rank of --np
+    parser.add_argument("--amp", action="store_true", help=argparse.SUPPRESS)  # of --worker
     args = parser.parse_args()
     if args.worker:
-        rank_worker(args.worker, args.batch_size, args.steps, args.warmup, args.output)
+        rank_worker(args.worker, args.batch_size, args.steps, args.warmup, args.output, args.amp)
         return 0
     if args.np == 1 or args.np < 0:
         parser.error(f"--np: expected 0 (off) or >= 2 ranks, got {args.np}")

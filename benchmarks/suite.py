@@ -1,0 +1,410 @@
+"""The benchmark suite (`make bench`): this project against plain TensorFlow, in one run.
+
+    python benchmarks/suite.py [--batch_sizes 8192,65536] [--variants fp32,amp,xla,amp+xla]
+        [--ranks 1,2] [--steps 8] [--preproc_rows 1000000] [--quick]
+        [--output benchmarks/results.json] [--plot docs/bench_batch_size.png]
+
+Measures, each in its own process (so that its peak memory is its own), on a
+synthetic Criteo-shaped dataset with the default model (13 numerical features,
+26 tables x 100,000 x 128, bottom 512-256-128, top 1024-1024-512-256-1, SGD):
+
+- training: `main.py` end to end (loader, trainer, the final evaluation) under
+  each precision/XLA variant, batch size and rank count (`horovodrun --gloo`
+  for 2), and the plain TensorFlow loop of `benchmarks/plain_tf.py` (no project
+  code) with the same model and batch, run right after it, with their ratio;
+  samples/s is the median over `main.py`'s per-step progress records after the
+  first (the first holds tracing and compilation);
+- the achieved GFLOP/s of each (dense part, `train.dense_training_flops`) next
+  to the machine's matmul GFLOP/s measured in this run;
+- 2 ranks: the share of the step spent in collectives, fp32 and `--amp`
+  (`benchmarks/train.py`'s timestamps around each collective in the step);
+- inference: `main.py --mode inference`, samples/s and p50/p99 batch latency;
+- the loader alone: samples/s of one rank reading the training split;
+- preprocessing: `benchmarks/preproc.py` (Spark local mode, a generated click
+  log of `--preproc_rows` lines), rows/s;
+- the peak memory of each: the largest sum of RSS over the process and its
+  children (Spark's JVM, horovodrun's ranks), sampled every 0.1 s.
+
+Prints one table, writes the figures as JSON (`--output`) and a plot of
+samples/s against batch size, ours and plain, fp32 and bf16 (`--plot`).
+`--quick` measures batch 8192, fp32 and `--amp`, one rank and a 200,000-line
+log: a few minutes instead of about half an hour on 2 cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # run as a script from anywhere
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+TABLES = 26
+ROWS_PER_TABLE = 100_000
+VARIANTS = {"fp32": (False, False), "amp": (True, False), "xla": (False, True)}
+VARIANTS["amp+xla"] = (True, True)
+
+
+# ------------------------------------------------------------ measurement
+
+
+def run_measured(command: list[str], timeout: float = 3600) -> tuple[str, int]:
+    """Runs `command`; returns (stdout, peak RSS bytes summed over its process
+    tree). Raises RuntimeError with the output's tail if it fails."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="2")
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        process = subprocess.Popen(command, stdout=out, stderr=err, env=env, cwd=ROOT)
+        root = psutil.Process(process.pid)
+        peak = 0
+        deadline = time.monotonic() + timeout
+        while process.poll() is None:
+            if time.monotonic() > deadline:
+                process.kill()
+                break
+            total = 0
+            with contextlib.suppress(psutil.Error):  # the tree changes while it is read
+                for member in [root, *root.children(recursive=True)]:
+                    with contextlib.suppress(psutil.Error):
+                        total += member.memory_info().rss
+            peak = max(peak, total)
+            time.sleep(0.1)
+        out.seek(0)
+        err.seek(0)
+        stdout, stderr = out.read(), err.read()
+    if process.returncode != 0:
+        raise RuntimeError(
+            f"{' '.join(command[:4])} ... failed ({process.returncode}):\n"
+            f"{stdout[-2000:]}\n{stderr[-3000:]}"
+        )
+    return stdout, peak
+
+
+def records(log_path: Path, event: str) -> list[dict[str, Any]]:
+    lines = log_path.read_text().splitlines() if log_path.exists() else []
+    return [r for r in map(json.loads, lines) if r.get("event") == event]
+
+
+def main_py(dataset: Path, work: Path, ranks: int, *flags: str) -> tuple[Path, int]:
+    """Runs main.py (under horovodrun for ranks > 1); returns (its log, peak RSS)."""
+    log = work / f"log_{time.monotonic_ns()}.jsonl"
+    command = [sys.executable, str(ROOT / "main.py"), f"--dataset_path={dataset}"]
+    command += [f"--log_path={log}", *flags]
+    if ranks > 1:
+        horovodrun = str(Path(sys.executable).parent / "horovodrun")
+        command = [horovodrun, "--gloo", "-np", str(ranks), "-H", f"localhost:{ranks}", *command]
+    _, peak = run_measured(command)
+    return log, peak
+
+
+def train_ours(
+    dataset: Path, work: Path, batch: int, variant: str, ranks: int, steps: int
+) -> dict[str, Any]:
+    amp, xla = VARIANTS[variant]
+    log, peak = main_py(
+        dataset,
+        work,
+        ranks,
+        f"--batch_size={batch}",
+        f"--max_steps={steps + 1}",
+        "--print_freq=1",
+        "--learning_rate=0.5",
+        "--warmup_steps=0",
+        "--decay_start_step=0",
+        f"--amp={str(amp).lower()}",
+        f"--xla={str(xla).lower()}",
+    )
+    rates = [r["samples_per_second"] for r in records(log, "train")][1:]
+    if not rates:
+        raise RuntimeError(f"main.py wrote no progress records to {log}")
+    return {"samples_per_second": statistics.median(rates), "peak_rss_bytes": peak}
+
+
+def train_plain(batch: int, variant: str, steps: int) -> dict[str, Any]:
+    amp, xla = VARIANTS[variant]
+    command = [sys.executable, str(ROOT / "benchmarks" / "plain_tf.py")]
+    command += [f"--batch_size={batch}", f"--steps={steps}", "--warmup=1"]
+    command += ["--amp"] * amp + ["--xla"] * xla
+    stdout, peak = run_measured(command)
+    result = json.loads(stdout.strip().splitlines()[-1])
+    return {"samples_per_second": result["samples_per_second"], "peak_rss_bytes": peak}
+
+
+def collective_shares(dataset: Path, work: Path, batch: int, steps: int) -> dict[str, Any]:
+    """The share of 2 ranks' step time spent in collectives, fp32 and --amp
+    (`benchmarks/train.py`'s timed collectives)."""
+    from benchmarks.train import measure_ranks
+
+    shares = {}
+    for variant in ("fp32", "amp"):
+        result = measure_ranks(dataset, 2, batch, steps, 2, work, amp=variant == "amp")
+        ranks = result["ranks"]
+        step = max(r["seconds"] for r in ranks) / steps
+        inside = sum(r["collective_seconds"] for r in ranks) / len(ranks) / steps
+        shares[variant] = {
+            "batch_size": batch,
+            "step_seconds": step,
+            "collective_seconds_per_step": inside,
+            "share": inside / step,
+        }
+        print(f"2 ranks {variant}: {inside / step:.0%} of the step in collectives", flush=True)
+    return shares
+
+
+def inference(dataset: Path, work: Path, batch: int) -> dict[str, Any]:
+    log, peak = main_py(
+        dataset,
+        work,
+        1,
+        "--mode=inference",
+        f"--valid_batch_size={batch}",
+        "--max_steps=30",
+        "--benchmark_warmup_steps=3",
+        "--print_freq=1000",
+    )
+    summary = records(log, "summary")[-1]
+    keys = ("samples_per_second", "latency_p50_ms", "latency_p99_ms")
+    return {**{k: summary[k] for k in keys}, "peak_rss_bytes": peak}
+
+
+def loader(dataset: Path, batch: int) -> dict[str, Any]:
+    command = [sys.executable, __file__, "--worker_loader", str(dataset), str(batch)]
+    stdout, peak = run_measured(command)
+    return {**json.loads(stdout.strip().splitlines()[-1]), "peak_rss_bytes": peak}
+
+
+def loader_worker(dataset: Path, batch: int) -> None:
+    from benchmarks.loader import measure
+    from dataloading.split_binary import ShardSpec, SplitBinaryDataset
+    from feature_spec import FeatureSpec
+
+    spec = FeatureSpec.load(dataset / "feature_spec.yaml")
+    samples_per_second, _ = measure(SplitBinaryDataset(spec, "train", ShardSpec(batch)), 3)
+    print(json.dumps({"samples_per_second": samples_per_second}))
+
+
+def preprocessing(rows: int, work: Path) -> dict[str, Any]:
+    output = work / "preproc.json"
+    command = [sys.executable, str(ROOT / "benchmarks" / "preproc.py"), f"--rows={rows}"]
+    command += ["--frequency_threshold=3", f"--json={output}"]
+    _, peak = run_measured(command)
+    return {**json.loads(output.read_text()), "peak_rss_bytes": peak}
+
+
+def matmul_peaks() -> dict[str, float]:
+    import tensorflow as tf
+
+    from benchmarks.train import matmul_gflops
+
+    return {"float32": matmul_gflops(tf.float32), "bfloat16": matmul_gflops(tf.bfloat16)}
+
+
+# ------------------------------------------------------------------ report
+
+
+def gib(value: float) -> str:
+    return f"{value / 2**30:.2f}"
+
+
+def print_table(results: dict[str, Any]) -> None:
+    peaks = results["matmul_gflops"]
+    print(
+        f"\nmatmul 2048^3 in this run: float32 {peaks['float32']:.0f} GFLOP/s, "
+        f"bfloat16 {peaks['bfloat16']:.0f} GFLOP/s; dense part "
+        f"{results['mflop_per_sample']:.2f} MFLOP per training sample"
+    )
+    header = (
+        f"{'training':<9}{'batch':>7}{'ranks':>6}{'ours/s':>9}{'plain/s':>9}{'ratio':>7}"
+        f"{'ours GF/s':>10}{'plain GF/s':>11}{'matmul':>7}{'ours GiB':>9}{'plain GiB':>10}"
+    )
+    print(header)
+    for row in results["training"]:
+        plain = row.get("plain")
+        peak = peaks["bfloat16" if VARIANTS[row["variant"]][0] else "float32"]
+        gflops = row["ours"]["samples_per_second"] * results["mflop_per_sample"] / 1e3
+        cells = [
+            f"{row['variant']:<9}{row['batch_size']:>7}{row['ranks']:>6}",
+            f"{row['ours']['samples_per_second']:>9,.0f}",
+            f"{plain['samples_per_second']:>9,.0f}" if plain else f"{'-':>9}",
+            f"{row['ratio']:>7.2f}" if plain else f"{'-':>7}",
+            f"{gflops:>10.0f}",
+            f"{plain['samples_per_second'] * results['mflop_per_sample'] / 1e3:>11.0f}"
+            if plain
+            else f"{'-':>11}",
+            f"{peak:>7.0f}",
+            f"{gib(row['ours']['peak_rss_bytes']):>9}",
+            f"{gib(plain['peak_rss_bytes']):>10}" if plain else f"{'-':>10}",
+        ]
+        print("".join(cells))
+    for variant, row in results.get("collectives", {}).items():
+        print(
+            f"2 ranks {variant} batch {row['batch_size']}: {row['share']:.0%} of the step in "
+            f"collectives ({1000 * row['collective_seconds_per_step']:.0f} of "
+            f"{1000 * row['step_seconds']:.0f} ms)"
+        )
+    for name, row in results.get("inference", {}).items():
+        print(
+            f"inference batch {name}: {row['samples_per_second']:,.0f} samples/s, "
+            f"p50 {row['latency_p50_ms']:.1f} ms, p99 {row['latency_p99_ms']:.1f} ms, "
+            f"peak {gib(row['peak_rss_bytes'])} GiB"
+        )
+    if "loader" in results:
+        row = results["loader"]
+        print(
+            f"loader batch {row['batch_size']}: {row['samples_per_second']:,.0f} samples/s, "
+            f"peak {gib(row['peak_rss_bytes'])} GiB"
+        )
+    if "preprocessing" in results:
+        row = results["preprocessing"]
+        stages = ", ".join(f"{k} {v:.1f} s" for k, v in row["stage_seconds"].items())
+        print(
+            f"preprocessing {row['lines']:,} lines: {row['rows_per_second']:,.0f} rows/s "
+            f"({stages}), peak {gib(row['peak_rss_bytes'])} GiB over all processes"
+        )
+
+
+def plot(results: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(figsize=(6.4, 4.2))
+    for variant, label, color in (("fp32", "fp32", "tab:blue"), ("amp", "bf16 (--amp)", "tab:red")):
+        rows = [r for r in results["training"] if r["variant"] == variant and r["ranks"] == 1]
+        rows.sort(key=lambda r: r["batch_size"])
+        if not rows:
+            continue
+        batches = [r["batch_size"] for r in rows]
+        axes.plot(
+            batches, [r["ours"]["samples_per_second"] for r in rows], "o-", label=f"ours {label}"
+        )
+        if all(r.get("plain") for r in rows):
+            plain = [r["plain"]["samples_per_second"] for r in rows]
+            axes.plot(batches, plain, "s--", color=color, label=f"plain TF {label}")
+    axes.set_xscale("log", base=2)
+    axes.set_xlabel("global batch size")
+    axes.set_ylabel("training samples/s (1 process)")
+    axes.set_title(f"Default DLRM, {results['machine']}")
+    axes.grid(True, alpha=0.3)
+    axes.legend()
+    figure.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
+
+
+# -------------------------------------------------------------------- main
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--batch_sizes", help="default 8192,65536")
+    parser.add_argument("--variants", help=f"default {','.join(VARIANTS)}")
+    parser.add_argument("--ranks", help="default 1,2")
+    parser.add_argument("--steps", type=int, default=8, help="timed training steps per run")
+    parser.add_argument("--preproc_rows", type=int, help="default 1,000,000; 0: skip")
+    parser.add_argument("--quick", action="store_true", help="a smaller suite (see above)")
+    parser.add_argument("--output", type=Path, default=ROOT / "benchmarks" / "results.json")
+    parser.add_argument("--plot", type=Path, default=ROOT / "docs" / "bench_batch_size.png")
+    parser.add_argument("--worker_loader", nargs=2, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker_loader:
+        loader_worker(Path(args.worker_loader[0]), int(args.worker_loader[1]))
+        return 0
+    if args.quick:
+        args.batch_sizes, args.variants, args.ranks, args.preproc_rows = (
+            "8192",
+            "fp32,amp",
+            "1",
+            200_000,
+        )
+    try:
+        batches = [int(b) for b in args.batch_sizes.split(",") if b]
+        ranks = [int(r) for r in args.ranks.split(",") if r]
+    except ValueError as error:
+        parser.error(f"--batch_sizes/--ranks: expected comma-separated integers ({error})")
+    variants = [v for v in args.variants.split(",") if v]
+    unknown = [v for v in variants if v not in VARIANTS]
+    if unknown:
+        parser.error(f"--variants: unknown {unknown}; expected some of {list(VARIANTS)}")
+    bad = [b for b in batches for r in ranks if b <= 0 or r <= 0 or b % r]
+    if bad:
+        parser.error(f"--batch_sizes {bad}: each must be positive and divide by every --ranks")
+
+    from benchmarks.train import dense_training_flops
+    from dataloading.synthetic import generate_split_binary
+    from dlrm.model import ModelConfig
+
+    cpu = platform.processor() or platform.machine()
+    results: dict[str, Any] = {
+        "machine": f"{os.cpu_count()} CPUs {cpu}",
+        "matmul_gflops": matmul_peaks(),
+        "mflop_per_sample": dense_training_flops(
+            ModelConfig(13, (ROWS_PER_TABLE,) * TABLES, (1,) * TABLES)
+        )
+        / 1e6,
+        "training": [],
+    }
+    print(f"matmul GFLOP/s in this run: {results['matmul_gflops']}", flush=True)
+    with tempfile.TemporaryDirectory() as directory:
+        work = Path(directory)
+        dataset = work / "data"
+        train_rows = max(batches) * (args.steps + 2)
+        print(f"generating {train_rows:,} synthetic rows ...", flush=True)
+        generate_split_binary(
+            dataset,
+            cardinalities=[ROWS_PER_TABLE] * TABLES,
+            rows={"train": train_rows, "test": max(batches)},
+            seed=0,
+        )
+        for batch in batches:
+            for variant in variants:
+                for rank_count in ranks:
+                    ours = train_ours(dataset, work, batch, variant, rank_count, args.steps)
+                    row: dict[str, Any] = {
+                        "variant": variant,
+                        "batch_size": batch,
+                        "ranks": rank_count,
+                        "ours": ours,
+                    }
+                    if rank_count == 1:  # the plain loop is one process
+                        row["plain"] = train_plain(batch, variant, args.steps)
+                        row["ratio"] = (
+                            ours["samples_per_second"] / row["plain"]["samples_per_second"]
+                        )
+                    results["training"].append(row)
+                    ratio = f", ratio {row['ratio']:.2f}" if "ratio" in row else ""
+                    print(
+                        f"training {variant} batch {batch} ranks {rank_count}: "
+                        f"{ours['samples_per_second']:,.0f} samples/s{ratio}",
+                        flush=True,
+                    )
+        if any(r > 1 for r in ranks):
+            results["collectives"] = collective_shares(dataset, work, min(batches), args.steps)
+        results["inference"] = {str(b): inference(dataset, work, b) for b in batches}
+        results["loader"] = {"batch_size": max(batches), **loader(dataset, max(batches))}
+        if args.preproc_rows:
+            print(f"preprocessing {args.preproc_rows:,} lines ...", flush=True)
+            results["preprocessing"] = preprocessing(args.preproc_rows, work)
+    print_table(results)
+    args.output.write_text(json.dumps(results, indent=2) + "\n")
+    plot(results, args.plot)
+    print(f"\nwrote {args.output} and {args.plot}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
