@@ -324,13 +324,15 @@ def main() -> int:
     if args.worker_loader:
         loader_worker(Path(args.worker_loader[0]), int(args.worker_loader[1]))
         return 0
-    if args.quick:
-        args.batch_sizes, args.variants, args.ranks, args.preproc_rows = (
-            "8192",
-            "fp32,amp",
-            "1",
-            200_000,
-        )
+    defaults = {
+        "batch_sizes": "8192" if args.quick else "8192,65536",
+        "variants": "fp32,amp" if args.quick else ",".join(VARIANTS),
+        "ranks": "1" if args.quick else "1,2",
+        "preproc_rows": 200_000 if args.quick else 1_000_000,
+    }
+    for name, value in defaults.items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
     try:
         batches = [int(b) for b in args.batch_sizes.split(",") if b]
         ranks = [int(r) for r in args.ranks.split(",") if r]
