@@ -282,15 +282,15 @@ def plot(results: dict[str, Any], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     figure, axes = plt.subplots(figsize=(6.4, 4.2))
-    for variant, label, color in (("fp32", "fp32", "tab:blue"), ("amp", "bf16 (--amp)", "tab:red")):
+    lines = (("fp32", "fp32", "tab:blue"), ("amp", "bf16 (--amp)", "tab:red"))
+    for variant, label, color in lines:
         rows = [r for r in results["training"] if r["variant"] == variant and r["ranks"] == 1]
         rows.sort(key=lambda r: r["batch_size"])
         if not rows:
             continue
         batches = [r["batch_size"] for r in rows]
-        axes.plot(
-            batches, [r["ours"]["samples_per_second"] for r in rows], "o-", label=f"ours {label}"
-        )
+        ours = [r["ours"]["samples_per_second"] for r in rows]
+        axes.plot(batches, ours, "o-", color=color, label=f"ours {label}")
         if all(r.get("plain") for r in rows):
             plain = [r["plain"]["samples_per_second"] for r in rows]
             axes.plot(batches, plain, "s--", color=color, label=f"plain TF {label}")
