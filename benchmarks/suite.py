@@ -275,6 +275,14 @@ def print_table(results: dict[str, Any]) -> None:
         )
 
 
+def save(results: dict[str, Any], path: Path) -> None:
+    """Writes the figures so far, replacing the file whole."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text(json.dumps(results, indent=2) + "\n")
+    partial.replace(path)
+
+
 def plot(results: dict[str, Any], path: Path) -> None:
     import matplotlib
 
@@ -388,6 +396,7 @@ def main() -> int:
                             ours["samples_per_second"] / row["plain"]["samples_per_second"]
                         )
                     results["training"].append(row)
+                    save(results, args.output)  # a suite cut short keeps what it measured
                     ratio = f", ratio {row['ratio']:.2f}" if "ratio" in row else ""
                     print(
                         f"training {variant} batch {batch} ranks {rank_count}: "
@@ -398,11 +407,12 @@ def main() -> int:
             results["collectives"] = collective_shares(dataset, work, min(batches), args.steps)
         results["inference"] = {str(b): inference(dataset, work, b) for b in batches}
         results["loader"] = {"batch_size": max(batches), **loader(dataset, max(batches))}
+        save(results, args.output)
         if args.preproc_rows:
             print(f"preprocessing {args.preproc_rows:,} lines ...", flush=True)
             results["preprocessing"] = preprocessing(args.preproc_rows, work)
     print_table(results)
-    args.output.write_text(json.dumps(results, indent=2) + "\n")
+    save(results, args.output)
     plot(results, args.plot)
     print(f"\nwrote {args.output} and {args.plot}")
     return 0

@@ -1,0 +1,127 @@
+"""Where a training step's time goes: a TensorFlow profiler trace, summed per op.
+
+    python benchmarks/profile_step.py [--batch_size 8192] [--amp] [--xla] [--steps 3]
+        [--top 25] [--trace_dir DIR]
+
+Builds the default model (13 numerical features, 26 tables x 100,000 x 128,
+bottom 512-256-128, top 1024-1024-512-256-1, SGD) and its `Trainer`, as
+`main.py` does on one process, runs a few steps untraced, then traces
+`--steps` steps with `tf.profiler` and prints the ops with the most time,
+summed over TensorFlow's compute threads and averaged per step, with their
+share of all op time, and the same grouped by part of the model. The trace
+stays in `--trace_dir` for TensorBoard's profile plugin.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import numpy as np
+import tensorflow as tf
+from tensorflow.tsl.profiler.protobuf import xplane_pb2
+
+from dataloading.split_binary import Batch
+from dlrm.model import Dlrm, ModelConfig
+from dlrm.optimizers import Sgd
+from dlrm.precision import choose_precision
+from dlrm.trainer import Trainer
+
+# Parts of the model, by the first of these words in an op's name.
+PARTS = (
+    ("interaction", "dot_interaction"),
+    ("top MLP", "top_mlp"),
+    ("bottom MLP", "bottom_mlp"),
+    ("finite checks", "IsFinite"),
+    ("lookup stack/unstack", "stack"),
+    ("embedding gather/update", "Gather"),
+    ("embedding gather/update", "Scatter"),
+)
+
+
+def part_of(name: str) -> str:
+    for part, word in PARTS:
+        if word in name:
+            return part
+    return "other"
+
+
+def op_times(trace_dir: Path, steps: int) -> collections.Counter[str]:
+    """Milliseconds per step of each op, summed over TensorFlow's compute threads."""
+    files = sorted(trace_dir.rglob("*.xplane.pb"))
+    if not files:
+        raise RuntimeError(f"{trace_dir}: the profiler wrote no trace")
+    space = xplane_pb2.XSpace()
+    space.ParseFromString(files[-1].read_bytes())
+    times: collections.Counter[str] = collections.Counter()
+    for plane in space.planes:
+        for line in plane.lines:
+            if not line.name.startswith("tf_Compute"):
+                continue
+            for event in line.events:
+                name = plane.event_metadata[event.metadata_id].name
+                if ":" not in name:  # executor scopes, not ops
+                    continue
+                times[name] += event.duration_ps / 1e9 / steps
+    return times
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--batch_size", type=int, default=8192)
+    parser.add_argument("--amp", action="store_true")
+    parser.add_argument("--xla", action="store_true")
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--top", type=int, default=25)
+    parser.add_argument("--trace_dir", type=Path)
+    args = parser.parse_args()
+    batch = args.batch_size
+    precision = choose_precision(args.amp, has_gpu=False)
+    model = Dlrm(ModelConfig(13, (100_000,) * 26, (1,) * 26), dtype_policy=precision.dtype_policy)
+    trainer = Trainer(
+        model, Sgd(), lambda step: tf.constant(0.1), precision, batch, use_xla=args.xla
+    )
+    rng = np.random.default_rng(0)
+    data = Batch(
+        tf.constant(rng.random((batch, 13), np.float32)),
+        tf.constant(rng.integers(0, 100_000, (batch, 26), np.int32)),
+        tf.constant(rng.integers(0, 2, (batch, 1)).astype(np.float32)),
+        tf.ones([batch, 1]),
+    )
+    for _ in range(3):
+        trainer.train_step(data).numpy()
+    trace_dir = args.trace_dir or Path(tempfile.mkdtemp(prefix="dlrm_profile_"))
+    tf.profiler.experimental.start(str(trace_dir))
+    start = time.perf_counter()
+    for _ in range(args.steps):
+        trainer.train_step(data).numpy()
+    step_ms = (time.perf_counter() - start) / args.steps * 1000
+    tf.profiler.experimental.stop()
+    times = op_times(trace_dir, args.steps)
+    total = sum(times.values())
+    print(
+        f"step {step_ms:,.0f} ms traced ({batch / step_ms * 1000:,.0f} samples/s); "
+        f"op time summed over threads {total:,.0f} ms per step"
+    )
+    parts: collections.Counter[str] = collections.Counter()
+    for name, ms in times.items():
+        parts[part_of(name)] += ms
+    for part, ms in parts.most_common():
+        print(f"{ms:9.1f} ms {ms / total:6.1%}  {part}")
+    print()
+    for name, ms in times.most_common(args.top):
+        print(f"{ms:9.1f} ms {ms / total:6.1%}  {name[-110:]}")
+    print(f"\ntrace: {trace_dir}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
