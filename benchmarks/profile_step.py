@@ -35,9 +35,13 @@ from dlrm.optimizers import Sgd
 from dlrm.precision import choose_precision
 from dlrm.trainer import Trainer
 
-# Parts of the model, by the first of these words in an op's name.
+# Parts of the model, by the first of these words in an op's name (the
+# interaction's backward ops are named outside its layer: its batched products
+# and scatter are the only ones of their kind in the step).
 PARTS = (
     ("interaction", "dot_interaction"),
+    ("interaction", "BatchMatMul"),
+    ("interaction", "ScatterNd"),
     ("top MLP", "top_mlp"),
     ("bottom MLP", "bottom_mlp"),
     ("finite checks", "IsFinite"),
@@ -68,7 +72,7 @@ def op_times(trace_dir: Path, steps: int) -> collections.Counter[str]:
                 continue
             for event in line.events:
                 name = plane.event_metadata[event.metadata_id].name
-                if ":" not in name:  # executor scopes, not ops
+                if ":" not in name or "::" in name:  # executor scopes, not ops
                     continue
                 times[name] += event.duration_ps / 1e9 / steps
     return times
