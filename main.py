@@ -17,6 +17,7 @@ from absl import app, flags
 
 from dlrm.config import (
     INPUT_MODES,
+    INTERACTIONS,
     MODES,
     OPTIMIZERS,
     SHARDING_STRATEGIES,
@@ -57,14 +58,34 @@ flags.DEFINE_float("decay_end_lr", _D("decay_end_lr"), "Learning rate after the 
 flags.DEFINE_integer("epochs", _D("epochs"), "Passes over the training split.")
 flags.DEFINE_integer("max_steps", _D("max_steps"), "Stop after this many steps (-1: no limit).")
 flags.DEFINE_integer("seed", _D("seed"), "Seed of the initial weights.")
-flags.DEFINE_integer("embedding_dim", _D("embedding_dim"), "Embedding width.")
+flags.DEFINE_list(
+    "embedding_dim",
+    [str(d) for d in _D("embedding_dim")],
+    "Embedding width: one for every table, or a comma-separated width per table "
+    "(--interaction cross only).",
+)
 flags.DEFINE_list(
     "bottom_mlp_dims",
     [str(d) for d in _D("bottom_mlp_dims")],
-    "Bottom MLP widths; the last equals --embedding_dim.",
+    "Bottom MLP widths; with --interaction dot the last equals --embedding_dim.",
 )
 flags.DEFINE_list(
     "top_mlp_dims", [str(d) for d in _D("top_mlp_dims")], "Top MLP widths; the last is 1."
+)
+flags.DEFINE_enum(
+    "interaction",
+    _D("interaction"),
+    list(INTERACTIONS),
+    "dot: DLRM's pairwise dot products; cross: a DCNv2 cross network over the bottom-MLP "
+    "output and all embedding vectors.",
+)
+flags.DEFINE_integer(
+    "num_cross_layers", _D("num_cross_layers"), "Cross layers of --interaction cross."
+)
+flags.DEFINE_integer(
+    "cross_layer_projection_dim",
+    _D("cross_layer_projection_dim"),
+    "Rank of each cross layer's weight matrix (low-rank projection); 0: full rank.",
 )
 flags.DEFINE_enum(
     "sharding_strategy",
@@ -146,7 +167,7 @@ def config_from_flags() -> RunConfig:
 
     Every RunConfig field is the flag of the same name; MLP widths are parsed."""
     values = {field.name: getattr(FLAGS, field.name) for field in dataclasses.fields(RunConfig)}
-    for flag in ("bottom_mlp_dims", "top_mlp_dims"):
+    for flag in ("embedding_dim", "bottom_mlp_dims", "top_mlp_dims"):
         values[flag] = _widths(flag, values[flag])
     return RunConfig(**values)
 

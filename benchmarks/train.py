@@ -1,11 +1,14 @@
 """Training throughput of the default DLRM on this machine, per precision/XLA setting.
 
     python benchmarks/train.py [--batch_size 8192] [--steps 12] [--warmup 3]
-        [--variants fp32,amp,xla,amp+xla] [--np N] [--output results.json]
+        [--variants fp32,amp,xla,amp+xla] [--interactions dot,cross] [--np N]
+        [--output results.json]
 
 Generates a synthetic Criteo-shaped dataset (13 numerical, 26 tables) in a
 temporary directory, builds the default model (bottom 512-256-128, embedding
-dim 128, top 1024-1024-512-256-1, SGD) exactly as `main.py` does, and times
+dim 128, top 1024-1024-512-256-1, SGD) exactly as `main.py` does, with the dot
+interaction and with the default DCNv2 cross network (3 layers, projection
+512, as MLPerf's DLRM-DCNv2), and times
 `--steps` training steps after `--warmup` untimed ones (tracing, XLA
 compilation). Prints samples/s and the achieved GFLOP/s of the dense part
 next to the machine's matmul GFLOP/s, measured in the same run, so the figures
@@ -56,18 +59,25 @@ def dense_training_flops(config: ModelConfig) -> float:
     """Floating-point operations per sample of one training step's dense part.
 
     Each dense layer costs 2 * fan_in * fan_out multiply-adds forward and twice
-    that backward (gradients of inputs and of weights); the interaction's Gram
-    matrix costs 2 * (T + 1)^2 * D forward, likewise tripled. Lookups, activations
-    and the optimizer are memory-bound and not counted.
+    that backward (gradients of inputs and of weights). The dot interaction's
+    Gram matrix costs 2 * (T + 1)^2 * D forward; a cross layer over width d
+    costs 2 * d * d at full rank, 2 * 2 * d * r at rank r; both likewise
+    tripled. Lookups, activations and the optimizer are memory-bound and not
+    counted.
     """
     forward = 0.0
     width = config.num_numerical
     for out in config.bottom_mlp_dims:
         forward += 2 * width * out
         width = out
-    vectors = len(config.cardinalities) + 1
-    forward += 2 * vectors * vectors * config.embedding_dim
-    width = config.embedding_dim + vectors * (vectors - 1) // 2
+    if config.interaction == "cross":
+        d, r = config.interaction_width, config.cross_layer_projection_dim
+        per_layer = 4 * d * r if 0 < r < d else 2 * d * d
+        forward += config.num_cross_layers * per_layer
+    else:
+        vectors = len(config.cardinalities) + 1
+        forward += 2 * vectors * vectors * config.embedding_dims[0]
+    width = config.interaction_width
     for out in config.top_mlp_dims:
         forward += 2 * width * out
         width = out
@@ -89,10 +99,22 @@ def matmul_gflops(dtype: tf.DType, size: int = 2048, repeats: int = 6) -> float:
 
 
 def time_variant(
-    dataset: Path, batch_size: int, amp: bool, xla: bool, steps: int, warmup: int
+    dataset: Path,
+    batch_size: int,
+    amp: bool,
+    xla: bool,
+    steps: int,
+    warmup: int,
+    interaction: str = "dot",
 ) -> tuple[float, float]:
     """(samples/s, final loss) of `steps` timed steps of the default model."""
-    config = RunConfig(dataset_path=str(dataset), batch_size=batch_size, amp=amp, xla=xla)
+    config = RunConfig(
+        dataset_path=str(dataset),
+        batch_size=batch_size,
+        amp=amp,
+        xla=xla,
+        interaction=interaction,
+    )
     session = build_session(config, MetricsLog(None, None, console=io.StringIO()))
     assert session.trainer is not None and session.spec is not None
     data = SplitBinaryDataset(session.spec, "train", ShardSpec(batch_size))
@@ -186,6 +208,9 @@ def main() -> int:
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--variants", default=",".join(VARIANTS))
     parser.add_argument(
+        "--interactions", default="dot,cross", help="dot, cross or both (default: both)"
+    )
+    parser.add_argument(
         "--np",
         type=int,
         default=0,
@@ -206,6 +231,9 @@ def main() -> int:
     unknown = [v for v in variants if v not in VARIANTS]
     if unknown:
         parser.error(f"--variants: unknown {unknown}; expected some of {list(VARIANTS)}")
+    interactions = [i for i in args.interactions.split(",") if i]
+    if not interactions or any(i not in ("dot", "cross") for i in interactions):
+        parser.error(f"--interactions: expected dot, cross or both, got {args.interactions!r}")
 
     float32_peak = matmul_gflops(tf.float32)
     bfloat16_peak = matmul_gflops(tf.bfloat16)
@@ -224,30 +252,48 @@ def main() -> int:
         rows = args.batch_size * (args.steps + args.warmup)
         generate_split_binary(dataset, num_numerical=13, rows={"train": rows, "test": 1}, seed=0)
         spec = FeatureSpec.load(dataset / "feature_spec.yaml")
-        model = ModelConfig(13, spec.cardinalities, spec.hotness)
-        flops = dense_training_flops(model)
-        print(
-            f"default model, {len(spec.cardinalities)} tables, batch {args.batch_size}: "
-            f"{flops / 1e6:.2f} MFLOP per sample per training step (dense part)"
-        )
-        print(f"{'variant':<8} {'samples/s':>11} {'GFLOP/s':>8} {'of matmul':>9} {'loss':>8}")
-        for name in variants:
-            amp, xla = VARIANTS[name]
-            samples_per_second, loss = time_variant(
-                dataset, args.batch_size, amp, xla, args.steps, args.warmup
+        flops = {}
+        for interaction in interactions:
+            cross = interaction == "cross"
+            defaults = RunConfig(dataset_path=str(dataset), interaction=interaction)
+            model = ModelConfig(
+                13,
+                spec.cardinalities,
+                spec.hotness,
+                interaction=interaction,
+                num_cross_layers=defaults.num_cross_layers if cross else 0,
+                cross_layer_projection_dim=defaults.cross_layer_projection_dim if cross else 0,
             )
-            achieved = samples_per_second * flops / 1e9
-            peak = bfloat16_peak if amp else float32_peak
+            flops[interaction] = dense_training_flops(model)
             print(
-                f"{name:<8} {samples_per_second:>11,.0f} {achieved:>8.1f} "
-                f"{achieved / peak:>8.0%} {loss:>8.4f}",
-                flush=True,
+                f"default model, {interaction} interaction, {len(spec.cardinalities)} tables, "
+                f"batch {args.batch_size}: {flops[interaction] / 1e6:.2f} MFLOP per sample per "
+                "training step (dense part)"
             )
-            results["variants"][name] = {
-                "samples_per_second": samples_per_second,
-                "gflops": achieved,
-                "loss": loss,
-            }
+        results["mflop_per_sample"] = {k: v / 1e6 for k, v in flops.items()}
+        print(
+            f"{'variant':<8} {'interaction':<11} {'samples/s':>11} {'GFLOP/s':>8} "
+            f"{'of matmul':>9} {'loss':>8}"
+        )
+        for name in variants:
+            for interaction in interactions:
+                amp, xla = VARIANTS[name]
+                samples_per_second, loss = time_variant(
+                    dataset, args.batch_size, amp, xla, args.steps, args.warmup, interaction
+                )
+                achieved = samples_per_second * flops[interaction] / 1e9
+                peak = bfloat16_peak if amp else float32_peak
+                print(
+                    f"{name:<8} {interaction:<11} {samples_per_second:>11,.0f} {achieved:>8.1f} "
+                    f"{achieved / peak:>8.0%} {loss:>8.4f}",
+                    flush=True,
+                )
+                key = name if interaction == "dot" else f"{name}/cross"
+                results["variants"][key] = {
+                    "samples_per_second": samples_per_second,
+                    "gflops": achieved,
+                    "loss": loss,
+                }
         if args.np:
             results["ranks"] = compare_ranks(dataset, args, Path(directory))
     if args.output:

@@ -57,14 +57,29 @@ from feature_spec import TEST_MAPPING, TRAIN_MAPPING, FeatureSpec, FeatureSpecEr
 
 
 def model_config_for(spec: FeatureSpec, config: RunConfig) -> ModelConfig:
-    return ModelConfig(
-        num_numerical=len(spec.numerical_features),
-        cardinalities=spec.cardinalities,
-        hotness=spec.hotness,
-        embedding_dim=config.embedding_dim,
-        bottom_mlp_dims=config.bottom_mlp_dims,
-        top_mlp_dims=config.top_mlp_dims,
-    )
+    """The architecture of this run: the flags' model with the dataset's tables."""
+    cross = config.interaction == "cross"
+    dims = config.embedding_dim
+    if len(dims) not in (1, len(spec.cardinalities)):
+        raise ConfigError(
+            f"--embedding_dim: expected one width or one per categorical feature of the "
+            f"FeatureSpec ({len(spec.cardinalities)}), got {len(dims)}: "
+            f"{','.join(map(str, dims))}"
+        )
+    try:
+        return ModelConfig(
+            num_numerical=len(spec.numerical_features),
+            cardinalities=spec.cardinalities,
+            hotness=spec.hotness,
+            embedding_dim=dims[0] if len(dims) == 1 else dims,
+            bottom_mlp_dims=config.bottom_mlp_dims,
+            top_mlp_dims=config.top_mlp_dims,
+            interaction=config.interaction,
+            num_cross_layers=config.num_cross_layers if cross else 0,
+            cross_layer_projection_dim=config.cross_layer_projection_dim if cross else 0,
+        )
+    except ValueError as error:
+        raise ConfigError(str(error)) from error
 
 
 def has_gpu() -> bool:
@@ -114,8 +129,13 @@ def plan_for(
     """The sharding plan of this run's tables over `world_size` ranks: planned, or
     read from `--sharding_plan` and checked against this run."""
     tables = [
-        TableSpec(rows=rows, dim=config.embedding_dim, hotness=hotness)
-        for rows, hotness in zip(model_config.cardinalities, model_config.hotness, strict=True)
+        TableSpec(rows=rows, dim=dim, hotness=hotness)
+        for rows, dim, hotness in zip(
+            model_config.cardinalities,
+            model_config.embedding_dims,
+            model_config.hotness,
+            strict=True,
+        )
     ]
     if config.sharding_plan:
         plan = ShardingPlan.load(config.sharding_plan)

@@ -20,6 +20,7 @@ MODES = ("train", "eval", "inference", "export")
 INPUT_MODES = ("model_parallel", "data_parallel")
 SHARDING_STRATEGIES = ("cost", "memory_balanced", "basic")
 OPTIMIZERS = ("sgd", "adagrad", "adam")
+INTERACTIONS = ("dot", "cross")
 
 
 class ConfigError(ValueError):
@@ -77,9 +78,12 @@ class RunConfig:
     max_steps: int = -1
     seed: int = 12345
     # Model
-    embedding_dim: int = 128
+    embedding_dim: tuple[int, ...] = (128,)  # one width, or one per table (cross only)
     bottom_mlp_dims: tuple[int, ...] = (512, 256, 128)
     top_mlp_dims: tuple[int, ...] = (1024, 1024, 512, 256, 1)
+    interaction: str = "dot"
+    num_cross_layers: int = 3
+    cross_layer_projection_dim: int = 512  # 0: full rank
     # Hybrid parallelism (under horovodrun); thresholds in elements (rows x dim)
     sharding_strategy: str = "cost"
     data_parallel_threshold: int = 8192 * 128
@@ -105,6 +109,8 @@ class RunConfig:
     benchmark_warmup_steps: int = 10
 
     def __post_init__(self) -> None:
+        if isinstance(self.embedding_dim, int):  # one width, given as a number
+            object.__setattr__(self, "embedding_dim", (self.embedding_dim,))
         _validate(self)
 
     # ------------------------------------------------------------------ derived
@@ -154,9 +160,7 @@ class RunConfig:
 
     def to_dict(self) -> dict[str, Any]:
         values = dataclasses.asdict(self)
-        values["bottom_mlp_dims"] = list(self.bottom_mlp_dims)
-        values["top_mlp_dims"] = list(self.top_mlp_dims)
-        return values
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in values.items()}
 
     def write(self, directory: str | os.PathLike[str]) -> Path:
         """Writes the resolved config as `config.json` in `directory` (atomically)."""
@@ -210,18 +214,37 @@ def _validate(c: RunConfig) -> None:
         c.benchmark_warmup_steps >= 0,
         f"--benchmark_warmup_steps: expected >= 0, got {c.benchmark_warmup_steps}",
     )
-    _require(c.embedding_dim > 0, f"--embedding_dim: expected > 0, got {c.embedding_dim}")
-    for flag in ("bottom_mlp_dims", "top_mlp_dims"):
+    _require(
+        c.interaction in INTERACTIONS,
+        f"--interaction: expected one of {', '.join(INTERACTIONS)}, got {c.interaction!r}",
+    )
+    for flag in ("embedding_dim", "bottom_mlp_dims", "top_mlp_dims"):
         dims = getattr(c, flag)
         _require(
             len(dims) > 0 and all(isinstance(d, int) and d > 0 for d in dims),
             f"--{flag}: expected a comma-separated list of positive widths, got {list(dims)}",
         )
-    _require(
-        c.bottom_mlp_dims[-1] == c.embedding_dim,
-        f"--bottom_mlp_dims: the last width must equal --embedding_dim ({c.embedding_dim}) "
-        f"for the dot interaction, got {c.bottom_mlp_dims[-1]}",
-    )
+    if c.interaction == "dot":
+        _require(
+            len(set(c.embedding_dim)) == 1,
+            f"--embedding_dim: the dot interaction needs one width for every table, got "
+            f"{','.join(map(str, c.embedding_dim))}; per-table widths need --interaction cross",
+        )
+        _require(
+            c.bottom_mlp_dims[-1] == c.embedding_dim[0],
+            f"--bottom_mlp_dims: the last width must equal --embedding_dim "
+            f"({c.embedding_dim[0]}) for the dot interaction, got {c.bottom_mlp_dims[-1]}",
+        )
+    else:
+        _require(
+            c.num_cross_layers >= 1,
+            f"--num_cross_layers: expected >= 1 for --interaction cross, got {c.num_cross_layers}",
+        )
+        _require(
+            c.cross_layer_projection_dim >= 0,
+            f"--cross_layer_projection_dim: expected >= 0 (0: full rank), "
+            f"got {c.cross_layer_projection_dim}",
+        )
     _require(
         c.top_mlp_dims[-1] == 1,
         f"--top_mlp_dims: the last width must be 1 (the click logit), got {c.top_mlp_dims[-1]}",

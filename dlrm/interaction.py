@@ -1,4 +1,10 @@
-"""DLRM's dot interaction, written for the CPU's sake.
+"""The interactions: DLRM's dot interaction and DCNv2's cross network.
+
+Both take the bottom-MLP output `dense` [B, D_b] and the embedding vectors
+`vectors` [B, D_0 + ... + D_{T-1}] (the tables' vectors side by side) and give
+the top MLP's input.
+
+The dot interaction is written for the CPU's sake.
 
 The interaction is a stack of tiny per-sample matrix products ([T+1, D] by
 [D, T+1]), which CPU kernels run far below the machine's matmul speed: in the
@@ -107,14 +113,83 @@ def dot_interaction(dense: tf.Tensor, embeddings: tf.Tensor) -> tf.Tensor:
 class DotInteraction(keras.layers.Layer):
     """Pairwise dot products of the bottom-MLP output and the embedding vectors.
 
-    Inputs: `dense` [B, D] and `embeddings` [B, T, D]. Output:
-    [B, D + (T + 1) T / 2]: `dense` followed by the strictly-lower triangle of
-    the Gram matrix of the T + 1 vectors (dense first), row by row.
+    Inputs: `dense` [B, D] and `vectors` [B, T D] (every table D wide) or
+    [B, T, D]. Output: [B, D + (T + 1) T / 2]: `dense` followed by the
+    strictly-lower triangle of the Gram matrix of the T + 1 vectors (dense
+    first), row by row.
     """
 
-    def call(self, dense: tf.Tensor, embeddings: tf.Tensor) -> tf.Tensor:
-        return dot_interaction(dense, embeddings)
+    def call(self, dense: tf.Tensor, vectors: tf.Tensor) -> tf.Tensor:
+        if vectors.shape.rank == 2:
+            width = dense.shape[1]
+            vectors = tf.reshape(vectors, [-1, vectors.shape[1] // width, width])
+        return dot_interaction(dense, vectors)
 
-    def compute_output_shape(self, dense_shape: Any, embeddings_shape: Any) -> tuple[Any, ...]:
-        n = embeddings_shape[1] + 1
+    def compute_output_shape(self, dense_shape: Any, vectors_shape: Any) -> tuple[Any, ...]:
+        tables = vectors_shape[1] if len(vectors_shape) == 3 else vectors_shape[1] // dense_shape[1]
+        n = tables + 1
         return (dense_shape[0], dense_shape[1] + n * (n - 1) // 2)
+
+
+class CrossInteraction(keras.layers.Layer):
+    """DCNv2's cross network over x0 = [dense, vectors] (width d).
+
+    Layer l computes x_{l+1} = x0 * (W_l x_l + b_l) + x_l, with W_l = U_l V_l
+    of rank `projection_dim` (V_l: d -> r without bias, U_l: r -> d), or a full
+    [d, d] W_l when `projection_dim` is 0 or not below d. Kernels are
+    Glorot-uniform and biases zero, as in DCNv2 and NVIDIA's TF2 DLRM_and_DCNv2.
+    Output: x_L [B, d], the top MLP's input.
+
+    Args:
+        num_layers: L >= 1.
+        projection_dim: r, the rank of each W_l (0: full rank).
+    """
+
+    def __init__(self, num_layers: int, projection_dim: int = 0, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        if num_layers < 1 or projection_dim < 0:
+            raise ValueError(
+                f"cross interaction: expected num_layers >= 1 and projection_dim >= 0, "
+                f"got {num_layers} and {projection_dim}"
+            )
+        self.num_layers = num_layers
+        self.projection_dim = projection_dim
+        self.down: list[keras.layers.Dense | None] = []
+        self.up: list[keras.layers.Dense] = []
+
+    def build(self, dense_shape: Any, vectors_shape: Any = None) -> None:
+        width = int(dense_shape[-1]) + int(vectors_shape[-1])
+        low_rank = 0 < self.projection_dim < width
+        policy = self.dtype_policy
+        for layer in range(self.num_layers):
+            down = None
+            if low_rank:
+                down = keras.layers.Dense(
+                    self.projection_dim,
+                    use_bias=False,
+                    kernel_initializer="glorot_uniform",
+                    name=f"cross_{layer}_projection",
+                    dtype=policy,
+                )
+                down.build((None, width))
+            up = keras.layers.Dense(
+                width,
+                kernel_initializer="glorot_uniform",
+                bias_initializer="zeros",
+                name=f"cross_{layer}",
+                dtype=policy,
+            )
+            up.build((None, self.projection_dim if low_rank else width))
+            self.down.append(down)
+            self.up.append(up)
+        super().build(dense_shape)
+
+    def call(self, dense: tf.Tensor, vectors: tf.Tensor) -> tf.Tensor:
+        x0 = tf.concat([dense, tf.cast(vectors, dense.dtype)], axis=1)
+        x = x0
+        for down, up in zip(self.down, self.up, strict=True):
+            x = x0 * up(down(x) if down is not None else x) + x
+        return x
+
+    def compute_output_shape(self, dense_shape: Any, vectors_shape: Any) -> tuple[Any, ...]:
+        return (dense_shape[0], dense_shape[-1] + vectors_shape[-1])

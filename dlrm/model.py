@@ -1,4 +1,4 @@
-"""DLRM: bottom MLP, embeddings, dot interaction, top MLP.
+"""DLRM: bottom MLP, embeddings, dot or DCNv2 cross interaction, top MLP.
 
 The model is written unsharded. It looks up categorical ids through an
 `embeddings` layer given to it, so the hybrid-parallel implementation replaces
@@ -16,28 +16,89 @@ import keras
 import tensorflow as tf
 
 from dlrm.embedding.local import LocalEmbeddings
-from dlrm.interaction import DotInteraction
+from dlrm.interaction import CrossInteraction, DotInteraction
 
 __all__ = ["Dlrm", "LocalEmbeddings", "ModelConfig", "mlp"]
 
 
+INTERACTIONS = ("dot", "cross")
+
+# What a checkpoint manifest written before a field existed means by it.
+LEGACY_VALUES: dict[str, Any] = {
+    "interaction": "dot",
+    "num_cross_layers": 0,
+    "cross_layer_projection_dim": 0,
+}
+
+
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
-    """The architecture. Table sizes come from the FeatureSpec, never from flags."""
+    """The architecture. Table sizes come from the FeatureSpec, never from flags.
+
+    `embedding_dim` is one width for every table, or one per table (`cross`
+    only; a tuple of equal widths is stored as the one width). The cross fields
+    are 0 for the `dot` interaction, which has no cross layers;
+    `cross_layer_projection_dim` 0 means full-rank cross layers.
+    """
 
     num_numerical: int
     cardinalities: tuple[int, ...]
     hotness: tuple[int, ...]
-    embedding_dim: int = 128
+    embedding_dim: int | tuple[int, ...] = 128
     bottom_mlp_dims: tuple[int, ...] = (512, 256, 128)
     top_mlp_dims: tuple[int, ...] = (1024, 1024, 512, 256, 1)
+    interaction: str = "dot"
+    num_cross_layers: int = 0
+    cross_layer_projection_dim: int = 0
 
     def __post_init__(self) -> None:
-        if self.bottom_mlp_dims and self.bottom_mlp_dims[-1] != self.embedding_dim:
+        dims = self.embedding_dim
+        if isinstance(dims, (tuple, list)):
+            if len(dims) not in (1, len(self.cardinalities)):
+                raise ValueError(
+                    f"--embedding_dim: expected one width or one per table "
+                    f"({len(self.cardinalities)}), got {len(dims)}: {list(dims)}"
+                )
+            if len(set(dims)) == 1:
+                object.__setattr__(self, "embedding_dim", int(dims[0]))
+            else:
+                object.__setattr__(self, "embedding_dim", tuple(int(d) for d in dims))
+        if self.interaction not in INTERACTIONS:
             raise ValueError(
-                f"--bottom_mlp_dims: the last width must equal --embedding_dim "
-                f"({self.embedding_dim}) for the dot interaction, got {self.bottom_mlp_dims[-1]}"
+                f"--interaction: expected one of {', '.join(INTERACTIONS)}, "
+                f"got {self.interaction!r}"
             )
+        if self.interaction == "dot":
+            if isinstance(self.embedding_dim, tuple):
+                raise ValueError(
+                    f"--embedding_dim: the dot interaction needs one width for every table, "
+                    f"got {list(self.embedding_dim)}; per-table widths need --interaction cross"
+                )
+            if self.bottom_mlp_dims and self.bottom_mlp_dims[-1] != self.embedding_dim:
+                raise ValueError(
+                    f"--bottom_mlp_dims: the last width must equal --embedding_dim "
+                    f"({self.embedding_dim}) for the dot interaction, "
+                    f"got {self.bottom_mlp_dims[-1]}"
+                )
+            if self.num_cross_layers or self.cross_layer_projection_dim:
+                raise ValueError(
+                    "num_cross_layers, cross_layer_projection_dim: expected 0 for the dot "
+                    f"interaction, got {self.num_cross_layers} and "
+                    f"{self.cross_layer_projection_dim}"
+                )
+        else:
+            if self.num_cross_layers < 1:
+                raise ValueError(
+                    f"--num_cross_layers: expected >= 1 for --interaction cross, "
+                    f"got {self.num_cross_layers}"
+                )
+            if self.cross_layer_projection_dim < 0:
+                raise ValueError(
+                    f"--cross_layer_projection_dim: expected >= 0 (0: full rank), "
+                    f"got {self.cross_layer_projection_dim}"
+                )
+        if any(d <= 0 for d in self.embedding_dims):
+            raise ValueError(f"--embedding_dim: expected positive widths, got {self.embedding_dim}")
         if not self.top_mlp_dims or self.top_mlp_dims[-1] != 1:
             raise ValueError(
                 f"--top_mlp_dims: the last width must be 1 (the click logit), "
@@ -48,6 +109,22 @@ class ModelConfig:
                 f"hotness: expected one value per table ({len(self.cardinalities)}), "
                 f"got {len(self.hotness)}"
             )
+
+    @property
+    def embedding_dims(self) -> tuple[int, ...]:
+        """The width of each table."""
+        if isinstance(self.embedding_dim, tuple):
+            return self.embedding_dim
+        return (self.embedding_dim,) * len(self.cardinalities)
+
+    @property
+    def interaction_width(self) -> int:
+        """Inputs of the top MLP."""
+        dense = self.bottom_mlp_dims[-1] if self.bottom_mlp_dims else self.num_numerical
+        if self.interaction == "cross":
+            return dense + sum(self.embedding_dims)
+        vectors = len(self.cardinalities) + 1
+        return dense + vectors * (vectors - 1) // 2
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-friendly (lists, not tuples), as stored in checkpoint manifests."""
@@ -102,6 +179,7 @@ class Dlrm(keras.Model):
             by default, `ShardedEmbeddings` under horovodrun.
         dtype_policy: "float32", "mixed_bfloat16" or "mixed_float16" for the
             MLPs and interaction; embeddings stay float32 whatever the policy.
+            (Under --amp the vectors cross the alltoall in 16 bits.)
         seed: seeds the default embeddings' initial values.
     """
 
@@ -118,9 +196,23 @@ class Dlrm(keras.Model):
         self.dtype_policy_name = dtype_policy
         self.bottom_mlp = mlp(config.bottom_mlp_dims, "bottom_mlp", dtype_policy=dtype_policy)
         self.embeddings = embeddings or LocalEmbeddings(
-            config.cardinalities, config.embedding_dim, seed=seed, hotness=config.hotness
+            config.cardinalities, config.embedding_dims, seed=seed, hotness=config.hotness
         )
-        self.interaction = DotInteraction(dtype=dtype_policy)
+        if tuple(self.embeddings.dims) != config.embedding_dims:
+            raise ValueError(
+                f"embeddings: the layer's widths {list(self.embeddings.dims)} are not the "
+                f"model's {list(config.embedding_dims)}"
+            )
+        self.interaction: keras.layers.Layer
+        if config.interaction == "cross":
+            self.interaction = CrossInteraction(
+                config.num_cross_layers,
+                config.cross_layer_projection_dim,
+                name="cross_interaction",
+                dtype=dtype_policy,
+            )
+        else:
+            self.interaction = DotInteraction(dtype=dtype_policy)
         self.top_mlp = mlp(
             config.top_mlp_dims, "top_mlp", final_activation=None, dtype_policy=dtype_policy
         )
@@ -129,16 +221,21 @@ class Dlrm(keras.Model):
         """Creates every variable (Keras creates them lazily on first call)."""
         c = self.config
         numerical = tf.zeros([1, c.num_numerical], tf.float32)
-        vectors = tf.zeros([1, len(c.cardinalities), c.embedding_dim], tf.float32)
+        vectors = tf.zeros([1, sum(c.embedding_dims)], tf.float32)
         self.dense_forward(numerical, vectors)
 
     @property
     def dense_variables(self) -> list[Any]:
-        """Weights of the data-parallel part (MLPs), in a fixed order."""
-        return [*self.bottom_mlp.trainable_variables, *self.top_mlp.trainable_variables]
+        """Weights of the data-parallel part (MLPs, cross layers), in a fixed order."""
+        return [
+            *self.bottom_mlp.trainable_variables,
+            *self.interaction.trainable_variables,
+            *self.top_mlp.trainable_variables,
+        ]
 
     def dense_forward(self, numerical: tf.Tensor, vectors: tf.Tensor) -> tf.Tensor:
-        """numerical [B, n_numerical] float32, vectors [B, T, D] -> logits [B, 1] float32."""
+        """numerical [B, n_numerical] float32, vectors [B, sum of D_t] (the
+        tables' vectors side by side) -> logits [B, 1] float32."""
         dense = self.bottom_mlp(numerical)
         interactions = self.interaction(dense, tf.cast(vectors, dense.dtype))
         return tf.cast(self.top_mlp(interactions), tf.float32)

@@ -15,7 +15,7 @@ from dlrm.checkpoint import Checkpoint, CheckpointError, CheckpointWriter
 from dlrm.dist import Collectives, failures_on_any_rank
 from dlrm.embedding.base import assign_rows
 from dlrm.embedding.shard import ShardingKind, TableShard
-from dlrm.model import Dlrm
+from dlrm.model import LEGACY_VALUES, Dlrm
 from dlrm.optimizers import variable_name
 from dlrm.trainer import Trainer
 
@@ -151,6 +151,9 @@ def check_model_matches(checkpoint: Checkpoint, model_config: Mapping[str, Any])
     saved = checkpoint.manifest.get("model")
     if not isinstance(saved, dict):
         raise CheckpointError(f"{checkpoint.path}: the manifest has no model config")
+    # A manifest written before a field existed holds the model that field's
+    # legacy value describes (a dot model, before cross layers existed).
+    saved = {**LEGACY_VALUES, **saved}
     differences = [
         f"{key}: checkpoint {saved.get(key)!r}, this run {value!r}"
         for key, value in model_config.items()

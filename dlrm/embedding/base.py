@@ -8,8 +8,10 @@ autodiff (see `dlrm/embedding/sharded.py`):
 
 1. `input_distribution(ids, local_rows)`: ids routed to where they are looked up;
 2. `local_lookup(routed, local_rows)`: what this process looks up, on the tape;
-3. `output_distribution(looked_up, local_rows)`: the [L, T, D] vectors of the
-   local rows; `output_distribution_gradient` is its backward.
+3. `output_distribution(looked_up, local_rows)`: the vectors of the local rows,
+   [L, D_0 + ... + D_{T-1}] (each table's D_t columns side by side, in table
+   order, so that tables may differ in width); `output_distribution_gradient`
+   is its backward.
 """
 
 from __future__ import annotations
@@ -50,7 +52,7 @@ def assign_rows(variable: Any, start: int, values: np.ndarray) -> None:
 
 
 class Embeddings(keras.layers.Layer):
-    """Base of the embeddings layers: float32 tables [rows, dim] (dims all equal).
+    """Base of the embeddings layers: float32 tables [rows_t, D_t].
 
     Args:
         cardinalities, dims, hotness: per table.
@@ -71,11 +73,14 @@ class Embeddings(keras.layers.Layer):
         self.cardinalities = tuple(int(c) for c in cardinalities)
         self.dims = tuple(int(d) for d in dims)
         self.hotness = tuple(int(h) for h in hotness)
-        if len(set(self.dims)) > 1:
+        if not len(self.cardinalities) == len(self.dims) == len(self.hotness):
             raise ValueError(
-                f"embedding widths: expected one width for all tables, got {self.dims}"
+                f"embeddings: expected one cardinality, width and hotness per table, got "
+                f"{len(self.cardinalities)}, {len(self.dims)} and {len(self.hotness)}"
             )
-        self.dim = self.dims[0] if self.dims else 0
+        # Table t's columns in the output: [offsets[t], offsets[t] + dims[t]).
+        self.offsets = tuple(int(sum(self.dims[:t])) for t in range(len(self.dims)))
+        self.output_width = int(sum(self.dims))
         self.seed = seed
 
     def create_shard_variable(self, shard: TableShard) -> Any:
@@ -115,6 +120,11 @@ class Embeddings(keras.layers.Layer):
     def table_shape(self, table: int) -> tuple[int, int]:
         return self.cardinalities[table], self.dims[table]
 
+    def table_columns(self, vectors: tf.Tensor, table: int) -> tf.Tensor:
+        """Table `table`'s [L, D_t] part of `vectors` [L, sum of D]."""
+        start = self.offsets[table]
+        return vectors[:, start : start + self.dims[table]]
+
     def local_shards(self) -> list[tuple[TableShard, Any]]:
         """The table shards this process holds, each with its variable."""
         raise NotImplementedError
@@ -144,7 +154,7 @@ class Embeddings(keras.layers.Layer):
         return self.local_lookup(self.input_distribution(ids, local_rows), local_rows)
 
     def call(self, ids: Any, local_rows: Any = None) -> tf.Tensor:
-        """Vectors [L, T, D] float32 of the local rows."""
+        """Vectors [L, sum of D] float32 of the local rows, tables side by side."""
         if local_rows is None:
             local_rows = self.default_local_rows(ids)
         return self.output_distribution(self.lookup(ids, local_rows), local_rows)

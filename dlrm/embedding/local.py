@@ -12,13 +12,14 @@ from dlrm.embedding.shard import ShardingKind, TableShard
 
 
 class LocalEmbeddings(Embeddings):
-    """One float32 variable [rows, D] per table, on this process.
+    """One float32 variable [rows_t, D_t] per table, on this process.
 
     Initialised by `initial_table_values` (uniform in +-sqrt(1 / rows), as the
     reference DLRM). Multi-hot rows are pooled by sum.
 
     Call with ids [B, T] int32 (all one-hot) or a sequence of T tensors
-    [B, hotness_t]; returns [B, T, D] float32. Gradients with respect to the
+    [B, hotness_t]; returns [B, sum of D_t] float32, the tables' vectors side
+    by side. `dims` is one width for every table or one per table. Gradients with respect to the
     tables are `tf.IndexedSlices` (rows looked up), which the optimizers apply
     sparsely.
     """
@@ -26,17 +27,16 @@ class LocalEmbeddings(Embeddings):
     def __init__(
         self,
         cardinalities: Sequence[int],
-        dim: int,
+        dims: int | Sequence[int],
         seed: int = 0,
         hotness: Sequence[int] | None = None,
         **kwargs: Any,
     ) -> None:
         tables = len(cardinalities)
-        super().__init__(
-            cardinalities, [dim] * tables, hotness or [1] * tables, seed=seed, **kwargs
-        )
+        widths = [dims] * tables if isinstance(dims, int) else list(dims)
+        super().__init__(cardinalities, widths, hotness or [1] * tables, seed=seed, **kwargs)
         self.shards = [
-            TableShard(t, ShardingKind.TABLE_WISE, 0, (0, rows), (0, dim))
+            TableShard(t, ShardingKind.TABLE_WISE, 0, (0, rows), (0, self.dims[t]))
             for t, rows in enumerate(self.cardinalities)
         ]
         self.tables = [self.create_shard_variable(shard) for shard in self.shards]
@@ -57,7 +57,7 @@ class LocalEmbeddings(Embeddings):
             ]
         else:
             vectors = [tf.gather(table, routed[:, t]) for t, table in enumerate(self.tables)]
-        return tf.stack(vectors, axis=1)
+        return tf.concat(vectors, axis=1)
 
     def output_distribution(self, looked_up: Any, local_rows: Any) -> tf.Tensor:
         return looked_up

@@ -14,7 +14,8 @@ batch L = G / W), a lookup is three steps:
    table for the L local rows;
 3. **output distribution**: one alltoall sends rows [j L, (j + 1) L) of the
    rank's shard outputs to rank j; each rank assembles its L rows of every
-   table (column slices concatenated, row-range partial sums added).
+   table (column slices concatenated, row-range partial sums added), and puts
+   the tables side by side, [L, D_0 + ... + D_{T-1}] (widths may differ).
 
 The backward pass is explicit, not the autodiff of the collectives:
 `output_distribution_gradient` sends each shard the gradient of its outputs by
@@ -54,12 +55,12 @@ class ShardPiece:
         return pooled_lookup(variable, ids)
 
     def combine(self, parts: Sequence[tuple[TableShard, tf.Tensor]]) -> tf.Tensor:
-        """A table's [L, D] vectors from its shards' received [L, width] parts."""
+        """A table's [L, D_t] vectors from its shards' received [L, width] parts."""
         (_, vectors) = parts[0]
         return vectors
 
     def gradient(self, shard: TableShard, table_gradient: tf.Tensor) -> tf.Tensor:
-        """The gradient of the shard's [L, width] part, from the table's [L, D]."""
+        """The gradient of the shard's [L, width] part, from the table's [L, D_t]."""
         return table_gradient
 
 
@@ -137,7 +138,7 @@ class ShardedEmbeddings(Embeddings):
     Call with the ids the loader gives this rank (`input_tables`, in order):
     [B, n] int32 when every table read is one-hot, else a tuple of
     [B, hotness]; and `local_rows` L (needed when the rank reads no table).
-    Returns [L, T, D] float32 for the rank's local rows.
+    Returns [L, sum of D_t] float32 for the rank's local rows.
     """
 
     def __init__(
@@ -250,14 +251,15 @@ class ShardedEmbeddings(Embeddings):
 
     def local_lookup(self, routed: RoutedIds, local_rows: Any) -> tuple[tf.Tensor, tf.Tensor]:
         """([G, C] outputs of this rank's shards side by side, in `sent` order;
-        [L, R, D] vectors of the replicated tables)."""
+        [L, sum of D_t] vectors of the replicated tables side by side, in
+        `replicated_tables` order)."""
         outputs = [
             PIECES[s.kind].lookup(s, variable, routed.global_ids[s.table])
             for s, variable in self.shard_variables[: len(self.mine)]
         ]
         block = tf.concat(outputs, axis=1) if outputs else self._empty_block(routed, local_rows)
         if self.replicated_tables:
-            replicated = tf.stack(
+            replicated = tf.concat(
                 [
                     pooled_lookup(self.replicated[t], routed.local_ids[t])
                     for t in self.replicated_tables
@@ -265,7 +267,7 @@ class ShardedEmbeddings(Embeddings):
                 axis=1,
             )
         else:
-            replicated = tf.zeros([local_rows, 0, self.dim])
+            replicated = tf.zeros([local_rows, 0])
         return block, replicated
 
     def _empty_block(self, routed: RoutedIds, local_rows: Any) -> tf.Tensor:
@@ -328,12 +330,16 @@ class ShardedEmbeddings(Embeddings):
                     parts.setdefault(shard.table, []).append((shard, piece))
             for table, table_parts in parts.items():
                 vectors[table] = PIECES[table_parts[0][0].kind].combine(table_parts)
-        for position, table in enumerate(self.replicated_tables):
-            vectors[table] = replicated[:, position]
-        return tf.stack([vectors[t] for t in range(len(self.cardinalities))], axis=1)
+        if self.replicated_tables:
+            widths = [self.dims[t] for t in self.replicated_tables]
+            for table, part in zip(
+                self.replicated_tables, tf.split(replicated, widths, axis=1), strict=True
+            ):
+                vectors[table] = part
+        return tf.concat([vectors[t] for t in range(len(self.cardinalities))], axis=1)
 
     def output_distribution_gradient(self, gradient: tf.Tensor, local_rows: Any) -> Any:
-        """The gradient of `local_lookup`'s outputs from that of the vectors [L, T, D]:
+        """The gradient of `local_lookup`'s outputs from that of the vectors [L, sum of D_t]:
         the reverse alltoall, run by every rank on every step.
 
         A caller must use the result on every rank, also on a rank that holds no
@@ -345,7 +351,8 @@ class ShardedEmbeddings(Embeddings):
             sent = []
             for shards in self.sent:
                 for shard in shards:
-                    sent.append(PIECES[shard.kind].gradient(shard, gradient[:, shard.table]))
+                    table_gradient = self.table_columns(gradient, shard.table)
+                    sent.append(PIECES[shard.kind].gradient(shard, table_gradient))
             # [L, sum of widths]: for each destination rank, its shards' columns.
             outgoing = tf.concat(sent, axis=1) if sent else tf.zeros([local_rows, 0])
             chunks = tf.split(outgoing, self.widths, axis=1, num=self.world_size)
@@ -359,5 +366,9 @@ class ShardedEmbeddings(Embeddings):
             )
             # Sources in rank order: rows [j L, (j + 1) L) of this rank's [G, C] block.
             block = tf.reshape(received, [local_rows * self.world_size, self.widths[self.rank]])
-        replicated = tf.gather(gradient, tf.constant(self.replicated_tables, tf.int32), axis=1)
+        replicated = tf.concat(
+            [self.table_columns(gradient, t) for t in self.replicated_tables]
+            or [tf.zeros([local_rows, 0])],
+            axis=1,
+        )
         return block, replicated

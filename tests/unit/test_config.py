@@ -30,6 +30,14 @@ def config(**overrides: object) -> RunConfig:
         ({"max_steps": 0}, r"--max_steps: expected -1 \(no limit\) or >= 1, got 0"),
         ({"dataset_path": None}, r"--dataset_path: required for --mode train"),
         ({"mode": "export", "dataset_path": None}, r"--restore_checkpoint_path: required"),
+        ({"interaction": "dcn"}, r"--interaction: expected one of dot, cross, got 'dcn'"),
+        ({"embedding_dim": (128, 64)}, r"--embedding_dim: the dot interaction needs one width"),
+        ({"embedding_dim": (128, 0)}, r"--embedding_dim: expected a comma-separated list"),
+        ({"interaction": "cross", "num_cross_layers": 0}, r"--num_cross_layers: expected >= 1"),
+        (
+            {"interaction": "cross", "cross_layer_projection_dim": -1},
+            r"--cross_layer_projection_dim: expected >= 0 \(0: full rank\), got -1",
+        ),
     ],
 )
 def test_errors_name_the_flag(overrides: dict, message: str) -> None:
@@ -75,7 +83,7 @@ def test_flagfile_builds_the_config(tmp_path: Path) -> None:
         flags.FLAGS.unparse_flags()
     assert c.dataset_path == "/data/criteo" and c.batch_size == 8192
     assert c.optimizer == "adam" and c.amp and not c.xla
-    assert c.bottom_mlp_dims == (64, 16) and c.embedding_dim == 16
+    assert c.bottom_mlp_dims == (64, 16) and c.embedding_dim == (16,)
     assert c.learning_rate == 0.5 and c.top_mlp_dims == (1024, 1024, 512, 256, 1)
 
 
@@ -85,3 +93,22 @@ def test_sharding_defaults_are_the_planners() -> None:
     assert RunConfig.default("data_parallel_threshold") == planner.DEFAULT_DATA_PARALLEL_THRESHOLD
     assert RunConfig.default("column_slice_threshold") == planner.DEFAULT_COLUMN_SLICE_THRESHOLD
     assert RunConfig.default("row_slice_threshold") == planner.DEFAULT_ROW_SLICE_THRESHOLD
+
+
+def test_flagfile_of_a_cross_model_with_per_table_widths(tmp_path: Path) -> None:
+    import main
+
+    flagfile = tmp_path / "dcnv2.flags"
+    flagfile.write_text(
+        "--dataset_path=/data\n--interaction=cross\n--embedding_dim=16,8,4\n"
+        "--bottom_mlp_dims=64,32\n--num_cross_layers=2\n--cross_layer_projection_dim=0\n"
+    )
+    flags.FLAGS.unparse_flags()
+    flags.FLAGS(["main.py", f"--flagfile={flagfile}"])
+    try:
+        c = main.config_from_flags()
+    finally:
+        flags.FLAGS.unparse_flags()
+    assert c.interaction == "cross" and c.embedding_dim == (16, 8, 4)
+    assert c.num_cross_layers == 2 and c.cross_layer_projection_dim == 0
+    assert c.to_dict()["embedding_dim"] == [16, 8, 4]

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from dlrm.interaction import CHUNK_ROWS, DotInteraction, dot_interaction
+from dlrm.interaction import CHUNK_ROWS, CrossInteraction, DotInteraction, dot_interaction
 
 
 def reference(dense: np.ndarray, embeddings: np.ndarray) -> np.ndarray:
@@ -105,3 +105,64 @@ def test_bfloat16_is_within_bfloat16_rounding() -> None:
     # Operands rounded to bfloat16 (relative error 2^-8 each) and a bfloat16 result:
     # at most about 3 * 2^-8 of the sum of |products| (8 terms of at most 1).
     np.testing.assert_allclose(out.numpy().astype(np.float32), want, atol=8 * 3 * 2.0**-8)
+
+
+def test_dot_takes_the_vectors_side_by_side() -> None:
+    """The embeddings layers give [B, T D]; the dot interaction reads it as [B, T, D]."""
+    rng = np.random.default_rng(2)
+    dense = rng.normal(size=(5, 7)).astype(np.float32)
+    embeddings = rng.normal(size=(5, 3, 7)).astype(np.float32)
+    flat = DotInteraction()(dense, embeddings.reshape(5, 21)).numpy()
+    np.testing.assert_allclose(flat, reference(dense, embeddings), rtol=1e-5, atol=1e-5)
+
+
+def cross_reference(x0: np.ndarray, layers: list[tuple[Any, np.ndarray, np.ndarray]]) -> Any:
+    """DCNv2 in float64: x_{l+1} = x0 * (x_l V U + b) + x_l (V None: full rank)."""
+    x = x0
+    for down, up, bias in layers:
+        projected = x @ down if down is not None else x
+        x = x0 * (projected @ up + bias) + x
+    return x
+
+
+@pytest.mark.parametrize(("projection", "low_rank"), [(3, True), (0, False), (99, False)])
+def test_cross_matches_the_dcnv2_formula(projection: int, low_rank: bool) -> None:
+    rng = np.random.default_rng(3)
+    dense = rng.normal(size=(5, 4)).astype(np.float32)
+    vectors = rng.normal(size=(5, 2 + 7 + 3)).astype(np.float32)  # tables 2, 7 and 3 wide
+    layer = CrossInteraction(num_layers=2, projection_dim=projection)
+    out = layer(dense, vectors).numpy()
+    assert out.shape == (5, 4 + 12)
+    # Random biases too: the layer initialises them to zero.
+    for up in layer.up:
+        up.bias.assign(rng.normal(size=up.bias.shape).astype(np.float32))
+    out = layer(dense, vectors).numpy()
+    weights = [
+        (None if down is None else down.kernel.numpy(), up.kernel.numpy(), up.bias.numpy())
+        for down, up in zip(layer.down, layer.up, strict=True)
+    ]
+    assert all((w[0] is not None) == low_rank for w in weights)
+    if low_rank:
+        assert weights[0][0].shape == (16, 3) and weights[0][1].shape == (3, 16)
+    else:
+        assert weights[0][1].shape == (16, 16)
+    x0 = np.concatenate([dense, vectors], axis=1).astype(np.float64)
+    np.testing.assert_allclose(out, cross_reference(x0, weights), rtol=1e-5, atol=1e-5)
+
+
+def test_cross_gradients_match_finite_differences() -> None:
+    rng = np.random.default_rng(4)
+    dense = tf.constant(rng.normal(size=(3, 2)))
+    vectors = tf.constant(rng.normal(size=(3, 5)))
+    layer = CrossInteraction(num_layers=2, projection_dim=2, dtype="float64")
+    layer(dense, vectors)
+    theoretical, numerical = tf.test.compute_gradient(
+        lambda d, v: layer(d, v), [dense, vectors], delta=1e-6
+    )
+    for t, n in zip(theoretical, numerical, strict=True):
+        np.testing.assert_allclose(t, n, rtol=1e-5, atol=1e-6)
+
+
+def test_cross_rejects_no_layers() -> None:
+    with pytest.raises(ValueError, match="num_layers >= 1 and projection_dim >= 0, got 0 and 4"):
+        CrossInteraction(0, 4)

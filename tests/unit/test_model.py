@@ -42,10 +42,11 @@ def test_output_shape_multi_hot_pools_by_sum() -> None:
     embeddings = LocalEmbeddings((23, 7), 4)
     ids = (np.array([[1, 2], [3, 3]], np.int32), np.array([[0], [6]], np.int32))
     out = embeddings(ids).numpy()
-    assert out.shape == (2, 2, 4)
-    table_0 = embeddings.tables[0].numpy()
-    np.testing.assert_allclose(out[0, 0], table_0[1] + table_0[2], rtol=1e-6)
-    np.testing.assert_allclose(out[1, 0], 2 * table_0[3], rtol=1e-6)
+    assert out.shape == (2, 2 * 4)  # the tables' vectors side by side
+    table_0, table_1 = embeddings.tables[0].numpy(), embeddings.tables[1].numpy()
+    np.testing.assert_allclose(out[0, :4], table_0[1] + table_0[2], rtol=1e-6)
+    np.testing.assert_allclose(out[1, :4], 2 * table_0[3], rtol=1e-6)
+    np.testing.assert_array_equal(out[1, 4:], table_1[6])
 
 
 def test_embedding_initialisation_range() -> None:
@@ -63,3 +64,34 @@ def test_config_errors_name_the_flags() -> None:
         config(top_mlp_dims=(9, 2))
     with pytest.raises(ValueError, match="hotness: expected one value per table"):
         config(hotness=(1,))
+
+
+def test_cross_takes_one_width_per_table() -> None:
+    c = config(
+        embedding_dim=(4, 6, 3),
+        bottom_mlp_dims=(13, 5),
+        interaction="cross",
+        num_cross_layers=1,
+        cross_layer_projection_dim=2,
+    )
+    assert c.embedding_dims == (4, 6, 3) and c.interaction_width == 5 + 13
+    model = Dlrm(c)
+    ids = np.zeros((2, 3), np.int32)
+    assert model(np.ones((2, 5), np.float32), ids).shape == (2, 1)
+    assert [t.shape[1] for t in model.embeddings.tables] == [4, 6, 3]
+    assert model.top_mlp.layers[0].kernel.shape == (18, 9)
+    # Equal widths given per table are the one width (and compare equal to it).
+    assert config(embedding_dim=(7, 7, 7)).embedding_dim == 7
+
+
+def test_model_config_errors_name_the_flags() -> None:
+    with pytest.raises(ValueError, match=r"--embedding_dim: the dot interaction needs one width"):
+        config(embedding_dim=(7, 6, 7))
+    with pytest.raises(ValueError, match=r"--embedding_dim: expected one width or one per table"):
+        config(embedding_dim=(7, 6), interaction="cross", num_cross_layers=1)
+    with pytest.raises(ValueError, match=r"--num_cross_layers: expected >= 1"):
+        config(interaction="cross")
+    with pytest.raises(ValueError, match=r"--interaction: expected one of dot, cross"):
+        config(interaction="dcn")
+    with pytest.raises(ValueError, match=r"expected 0 for the dot interaction"):
+        config(num_cross_layers=3)

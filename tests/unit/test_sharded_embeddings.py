@@ -32,14 +32,24 @@ from tests.unit.simulated_ranks import Hub, SimulatedCollectives, run_ranks
 CARDINALITIES = (23, 7, 300, 11, 5)
 HOTNESS = (1, 2, 1, 3, 1)
 ONE_HOT = (1, 1, 1, 1, 1)
+UNIFORM_DIMS = (DIM,) * len(CARDINALITIES)
+UNEQUAL_DIMS = (4, 7, 6, 5, 8)  # odd and even: column slices of unequal widths too
 GLOBAL_BATCH = 12  # divides by 2 and 3
 NUM_NUMERICAL = 3
 SEED = 3
 PLANS = ("mixed", "idle_rank", "row_wise_rank", "planner", "data_parallel", "column_wise")
 
 
-def specs(hotness: tuple[int, ...] = HOTNESS) -> list[TableSpec]:
-    return [TableSpec(c, DIM, h) for c, h in zip(CARDINALITIES, hotness, strict=True)]
+def specs(
+    hotness: tuple[int, ...] = HOTNESS, dims: tuple[int, ...] = UNIFORM_DIMS
+) -> list[TableSpec]:
+    return [TableSpec(c, d, h) for c, d, h in zip(CARDINALITIES, dims, hotness, strict=True)]
+
+
+def table_columns(dims: tuple[int, ...], tables: list[int]) -> list[int]:
+    """The columns of `tables` in the layers' output [L, sum of dims]."""
+    offsets = np.cumsum((0, *dims))
+    return [c for t in tables for c in range(offsets[t], offsets[t + 1])]
 
 
 def global_ids(rng: np.random.Generator, hotness: tuple[int, ...]) -> list[np.ndarray]:
@@ -74,12 +84,12 @@ def local_rows_of(array: np.ndarray, rank: int, world_size: int) -> np.ndarray:
 
 
 @functools.cache
-def reference(hotness: tuple[int, ...]) -> dict[str, Any]:
+def reference(hotness: tuple[int, ...], dims: tuple[int, ...] = UNIFORM_DIMS) -> dict[str, Any]:
     """LocalEmbeddings' vectors and table gradients for one global batch."""
     rng = np.random.default_rng(0)
     ids = global_ids(rng, hotness)
-    upstream = rng.normal(size=(GLOBAL_BATCH, len(CARDINALITIES), DIM)).astype(np.float32)
-    local = LocalEmbeddings(CARDINALITIES, DIM, seed=SEED, hotness=hotness)
+    upstream = rng.normal(size=(GLOBAL_BATCH, sum(dims))).astype(np.float32)
+    local = LocalEmbeddings(CARDINALITIES, dims, seed=SEED, hotness=hotness)
     with tf.GradientTape() as tape:
         vectors = local(tuple(tf.constant(x) for x in ids))
     gradients = tape.gradient(vectors, local.tables, output_gradients=tf.constant(upstream))
@@ -100,14 +110,15 @@ def lookup_on_rank(
     in_function: bool,
     wire_dtype: tf.DType = tf.float32,
     upstream_of: Callable[[np.ndarray], np.ndarray] = lambda upstream: upstream,
+    dims: tuple[int, ...] = UNIFORM_DIMS,
 ) -> dict[str, Any]:
     """One rank's vectors and shard gradients, by the three steps and the explicit
     backward, as the trainer runs them (with `upstream_of(the reference's
     upstream gradient)`)."""
-    ref = reference(hotness)
+    ref = reference(hotness, dims)
     rank, world = collectives.rank, collectives.world_size
     layer = ShardedEmbeddings(
-        plan_for(kind, specs(hotness), world, GLOBAL_BATCH),
+        plan_for(kind, specs(hotness, dims), world, GLOBAL_BATCH),
         collectives,
         seed=SEED,
         data_parallel_input=data_parallel_input,
@@ -159,9 +170,12 @@ def lookup_on_rank(
 
 
 def check_against_one_process(
-    results: list[dict[str, Any]], hotness: tuple[int, ...], world_size: int
+    results: list[dict[str, Any]],
+    hotness: tuple[int, ...],
+    world_size: int,
+    dims: tuple[int, ...] = UNIFORM_DIMS,
 ) -> None:
-    ref = reference(hotness)
+    ref = reference(hotness, dims)
     replicated_sum: dict[int, np.ndarray] = {}
     covered = [np.zeros(t.shape, int) for t in ref["tables"]]
     for rank, result in enumerate(results):
@@ -198,17 +212,20 @@ def check_against_one_process(
         assert (count == expected).all(), f"table {table}: elements held {np.unique(count)} times"
 
 
+@pytest.mark.parametrize("dims", [UNIFORM_DIMS, UNEQUAL_DIMS], ids=["uniform", "unequal"])
 @pytest.mark.parametrize("world_size", [2, 3])
 @pytest.mark.parametrize("kind", PLANS)
 @pytest.mark.parametrize("data_parallel_input", [False, True])
 def test_ranks_get_the_vectors_and_gradients_of_one_process(
-    world_size: int, kind: str, data_parallel_input: bool
+    world_size: int, kind: str, data_parallel_input: bool, dims: tuple[int, ...]
 ) -> None:
     results = run_ranks(
         world_size,
-        lambda c: lookup_on_rank(c, kind, HOTNESS, data_parallel_input, in_function=False),
+        lambda c: lookup_on_rank(
+            c, kind, HOTNESS, data_parallel_input, in_function=False, dims=dims
+        ),
     )
-    check_against_one_process(results, HOTNESS, world_size)
+    check_against_one_process(results, HOTNESS, world_size, dims)
     if kind == "idle_rank":
         assert [r["holds_model_parallel"] for r in results] == [True] + [False] * (world_size - 1)
 
@@ -232,7 +249,7 @@ def bfloat16_rounded(values: np.ndarray) -> np.ndarray:
 def one_hot_gradient(ref: dict[str, Any], table: int, upstream: np.ndarray) -> np.ndarray:
     """A one-hot table's gradient: each row's upstream vectors, summed."""
     gradient = np.zeros_like(ref["tables"][table])
-    np.add.at(gradient, ref["ids"][table][:, 0], upstream[:, table])
+    np.add.at(gradient, ref["ids"][table][:, 0], upstream[:, table_columns(UNIFORM_DIMS, [table])])
     return gradient
 
 
@@ -279,7 +296,8 @@ def test_vectors_and_gradients_cross_in_16_bits_under_amp(kind: str) -> None:
         # Replicated tables' vectors are looked up here and do not cross.
         replicated = [s.table for s, _ in result["shards"] if s.kind == ShardingKind.DATA_PARALLEL]
         want_vectors = bfloat16_rounded(local_rows_of(ref["vectors"], rank, 2))
-        want_vectors[:, replicated] = local_rows_of(ref["vectors"], rank, 2)[:, replicated]
+        columns = table_columns(UNIFORM_DIMS, replicated)
+        want_vectors[:, columns] = local_rows_of(ref["vectors"], rank, 2)[:, columns]
         np.testing.assert_array_equal(result["vectors"], want_vectors)
         for shard, gradient in result["shards"]:
             if shard.kind == ShardingKind.DATA_PARALLEL:

@@ -205,7 +205,7 @@ def nan_in_one_vector_gradient(forward: DenseForward, poisoned: tf.Variable) -> 
     @tf.custom_gradient
     def identity_with_a_nan_gradient(vectors: tf.Tensor) -> tuple[tf.Tensor, Callable]:
         def gradient(upstream: tf.Tensor) -> tf.Tensor:
-            with_nan = tf.tensor_scatter_nd_update(upstream, [[0, 0, 0]], [NAN])
+            with_nan = tf.tensor_scatter_nd_update(upstream, [[0, 0]], [NAN])
             return tf.where(poisoned, with_nan, upstream)
 
         return tf.identity(vectors), gradient
@@ -279,3 +279,56 @@ def test_nan_in_a_numerical_input_is_not_applied_and_stops_training(
     # (input^T @ upstream) is NaN on every CPU, so the step is never applied.
     s.trainer.train_step(poisoned)
     assert_step_3_was_skipped_and_stops_training(s, good, tmp_path)
+
+
+CROSS = {
+    "interaction": "cross",
+    "embedding_dim": (4, 6, 3, 5, 8),  # one width per table
+    "bottom_mlp_dims": (9, 7),  # any width: the cross network concatenates
+    "num_cross_layers": 2,
+    "cross_layer_projection_dim": 5,
+}
+
+
+@pytest.mark.parametrize(("amp", "xla"), [(False, False), (True, False), (False, True)])
+def test_cross_with_per_table_widths_trains(dataset: Path, amp: bool, xla: bool) -> None:
+    s = session(dataset, learning_rate=0.1, amp=amp, xla=xla, **CROSS)
+    assert s.trainer is not None
+    assert [v.shape[1] for v in s.trainer.embedding_variables] == [4, 6, 3, 5, 8]
+    # Top MLP input: 7 (bottom) + 26 (embeddings), the cross network's width.
+    assert s.model.top_mlp.layers[0].kernel.shape == (7 + 26, 11)
+    cross = [v for v in s.trainer.dense_variables if "cross" in v.path]
+    assert len(cross) == 2 * 3  # per layer: projection, kernel, bias
+    before = [v.numpy() for v in cross]
+    data = batches(dataset, 8)
+    losses = [np.mean([float(s.trainer.train_step(b)) for b in data]) for _ in range(6)]
+    assert losses[-1] < 0.95 * losses[0], losses
+    assert all(not np.array_equal(a, v.numpy()) for a, v in zip(before, cross, strict=True))
+
+
+def test_a_dot_checkpoint_of_before_cross_layers_restores(dataset: Path, tmp_path: Path) -> None:
+    """Manifests written before the cross interaction existed have no
+    interaction fields: they describe dot models, and restore into one."""
+    s = session(dataset)
+    assert s.trainer is not None
+    for b in batches(dataset, 2):
+        s.trainer.train_step(b)
+    old = s.model_config.to_dict()
+    for key in ("interaction", "num_cross_layers", "cross_layer_projection_dim"):
+        del old[key]
+    path = save_training_state(s.trainer, tmp_path, {"model": old})
+    resumed = session(dataset, seed=99)
+    assert resumed.trainer is not None
+    check_model_matches(Checkpoint(path), resumed.model_config.to_dict())
+    assert restore_training_state(resumed.trainer, Checkpoint(path)) == 2
+    for a, b in zip(weights(s), weights(resumed), strict=True):
+        np.testing.assert_array_equal(b, a)
+
+
+def test_a_cross_checkpoint_is_refused_by_a_dot_model(dataset: Path, tmp_path: Path) -> None:
+    cross = session(dataset, **CROSS)
+    assert cross.trainer is not None
+    path = save_training_state(cross.trainer, tmp_path, {"model": cross.model_config.to_dict()})
+    dot = session(dataset)
+    with pytest.raises(CheckpointError, match=r"interaction: checkpoint 'cross', this run 'dot'"):
+        check_model_matches(Checkpoint(path), dot.model_config.to_dict())

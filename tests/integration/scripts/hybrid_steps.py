@@ -10,9 +10,11 @@ one process) or a placement on the ranks:
 - idle_rank: table 0 whole on rank 0, the others replicated: the other ranks
   hold no model-parallel shard (with one table, they read no ids at all);
 - row_wise_rank: the last rank holds only row ranges.
-VARIANT is fp32 (default), amp (the CPU's mixed_bfloat16 policy) or xla (the
-dense part compiled). Writes OUT/<RUN with : as _>/rank<r>.npz: dense weights
-by name, each shard as "table_<t>_<r0>_<r1>_<c0>_<c1>", and the per-step losses.
+VARIANT is fp32 (default), or a `+`-joined set of: amp (the CPU's
+mixed_bfloat16 policy), xla (the dense part compiled), cross (the DCNv2 cross
+interaction, with tables of unequal widths `CROSS_WIDTHS`). Writes
+OUT/<RUN with : as _>/rank<r>.npz: dense weights by name, each shard as
+"table_<t>_<r0>_<r1>_<c0>_<c1>", and the per-step losses.
 """
 
 import sys
@@ -40,6 +42,7 @@ from dlrm.trainer import Trainer
 from feature_spec import FeatureSpec
 
 DIM = 6
+CROSS_WIDTHS = (4, 6, 8)  # table t is CROSS_WIDTHS[t % 3] wide under the cross variant
 UNIFORM = ("data_parallel", "table_wise", "column_wise", "row_wise")
 
 
@@ -47,15 +50,15 @@ def table_plan(t: int, spec: TableSpec, kind: str, world: int, rank: int = 0) ->
     """Table `t` placed as `kind` (whole on `rank` when table-wise)."""
     sharding = ShardingKind(kind)
     if sharding == ShardingKind.DATA_PARALLEL:
-        places = [(r, (0, spec.rows), (0, DIM)) for r in range(world)]
+        places = [(r, (0, spec.rows), (0, spec.dim)) for r in range(world)]
     elif sharding == ShardingKind.TABLE_WISE:
-        places = [(rank, (0, spec.rows), (0, DIM))]
+        places = [(rank, (0, spec.rows), (0, spec.dim))]
     elif sharding == ShardingKind.COLUMN_WISE:
-        edges = np.linspace(0, DIM, world + 1).astype(int)
+        edges = np.linspace(0, spec.dim, world + 1).astype(int)
         places = [(r, (0, spec.rows), (int(edges[r]), int(edges[r + 1]))) for r in range(world)]
     else:
         edges = np.linspace(0, spec.rows, world + 1).astype(int)
-        places = [(r, (int(edges[r]), int(edges[r + 1])), (0, DIM)) for r in range(world)]
+        places = [(r, (int(edges[r]), int(edges[r + 1])), (0, spec.dim)) for r in range(world)]
     shards = tuple(TableShard(t, sharding, r, rows, cols) for r, rows, cols in places)
     return TablePlan(t, sharding, spec, shards)
 
@@ -100,31 +103,41 @@ def main() -> None:
             kind,
             input_mode,
             optimizer,
-            variant[0] if variant else "fp32",
+            set(variant[0].split("+")) if variant else set(),
             int(steps),
             int(batch),
             directory,
         )
 
 
-def train(spec, collectives, kind, input_mode, optimizer, variant, steps, batch, directory) -> None:
-    rank, world = collectives.rank, collectives.world_size
-    config = ModelConfig(
+def model_config(spec: FeatureSpec, cross: bool) -> ModelConfig:
+    tables = len(spec.cardinalities)
+    return ModelConfig(
         len(spec.numerical_features),
         spec.cardinalities,
         spec.hotness,
-        embedding_dim=DIM,
+        embedding_dim=tuple(CROSS_WIDTHS[t % 3] for t in range(tables)) if cross else DIM,
         bottom_mlp_dims=(9, DIM),
         top_mlp_dims=(11, 1),
+        interaction="cross" if cross else "dot",
+        num_cross_layers=2 if cross else 0,
+        cross_layer_projection_dim=5 if cross else 0,
     )
+
+
+def train(spec, collectives, kind, input_mode, optimizer, variant, steps, batch, directory) -> None:
+    rank, world = collectives.rank, collectives.world_size
+    config = model_config(spec, "cross" in variant)
     keras.utils.set_random_seed(1)
     data_parallel_input = input_mode == "data_parallel"
     embeddings = None
-    precision = choose_precision(variant == "amp", has_gpu=False)
+    precision = choose_precision("amp" in variant, has_gpu=False)
     if kind != "local":
         specs = [
-            TableSpec(rows, DIM, h)
-            for rows, h in zip(spec.cardinalities, spec.hotness, strict=True)
+            TableSpec(rows, dim, h)
+            for rows, dim, h in zip(
+                spec.cardinalities, config.embedding_dims, spec.hotness, strict=True
+            )
         ]
         plan = plan_for(kind, specs, world, batch)
         embeddings = ShardedEmbeddings(
@@ -142,7 +155,7 @@ def train(spec, collectives, kind, input_mode, optimizer, variant, steps, batch,
         DlrmSchedule(ScheduleConfig(lr)),
         precision,
         batch,
-        use_xla=variant == "xla",
+        use_xla="xla" in variant,
         collectives=collectives,
     )
     collectives.broadcast_variables(trainer.dense_variables)
