@@ -4,21 +4,18 @@ with one embedding width per table exports and serves in a fresh process."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 
-from dataloading.files import SplitBinaryFiles
 from dataloading.synthetic import generate_split_binary
 from dlrm.checkpoint import Checkpoint
-from dlrm.export import split_categorical
-from dlrm.model import Dlrm, ModelConfig
-from dlrm.training_state import restore_model_weights
-from feature_spec import FeatureSpec
-from tests.integration.conftest import run
-from tests.integration.test_training import main_py, records, summary
+from tests.integration.test_training import (
+    assert_serves_like_the_checkpoint,
+    main_py,
+    records,
+    summary,
+)
 
 CARDINALITIES = (50, 200, 1000, 30, 5000, 7, 400, 90)
 # One epoch over fresh rows, as click logs are trained: 234 steps of 1024.
@@ -102,27 +99,8 @@ def test_per_table_widths_export_and_serve_in_a_fresh_process(
         f"--saved_model_output_path={saved_model}",
     )
     assert code == 0, stderr
-    spec = FeatureSpec.load(dataset / "feature_spec.yaml")
-    files = SplitBinaryFiles.open(spec, "test")
-    assert files.numerical is not None
-    numerical = np.asarray(files.numerical.memmap()[:300], np.float32)
-    categorical = split_categorical(
-        np.stack(
-            [files.categorical[f.name].memmap()[:300] for f in spec.categorical_features], axis=1
-        ),
-        spec.hotness,
-    )
-    inputs = tmp_path / "inputs.npz"
-    np.savez(inputs, numerical=numerical, categorical=categorical)
-    served = tmp_path / "served.npy"
-    script = "tests/integration/scripts/serve_saved_model.py"
-    result = run([sys.executable, script, str(saved_model), str(inputs), str(served)], timeout=120)
-    assert result.returncode == 0, result.stderr
-    model = Dlrm(ModelConfig.from_dict(manifest))
-    restore_model_weights(model, checkpoint)
-    expected = 1 / (1 + np.exp(-model(numerical, categorical).numpy()))
-    np.testing.assert_allclose(np.load(served), expected, rtol=1e-5, atol=1e-6)
-    assert float(np.load(served).std()) > 0.02  # a trained model, not a constant
+    served = assert_serves_like_the_checkpoint(saved_model, checkpoint, dataset, tmp_path, 300)
+    assert float(served.std()) > 0.02  # a trained model, not a constant
 
 
 def test_a_cross_checkpoint_is_refused_by_a_dot_run(dataset: Path, tmp_path: Path) -> None:

@@ -168,36 +168,41 @@ def test_export_serves_the_same_predictions_in_a_fresh_process(
         f"--saved_model_output_path={saved_model}",
     )
     assert code == 0, stderr
+    served = assert_serves_like_the_checkpoint(
+        saved_model, Checkpoint(trained), dataset, tmp_path, rows=500
+    )
+    assert float(served.std()) > 0.05  # a trained model, not a constant
+
+
+def assert_serves_like_the_checkpoint(
+    saved_model: Path, checkpoint: Checkpoint, dataset: Path, tmp_path: Path, rows: int
+) -> np.ndarray:
+    """Serves the first `rows` test rows from `saved_model` in a fresh process
+    and checks the probabilities against the checkpoint's model; returns them."""
     spec = FeatureSpec.load(dataset / "feature_spec.yaml")
     files = SplitBinaryFiles.open(spec, "test")
     assert files.numerical is not None
-    numerical = np.asarray(files.numerical.memmap()[:500], np.float32)
+    numerical = np.asarray(files.numerical.memmap()[:rows], np.float32)
     categorical = split_categorical(
         np.stack(
-            [files.categorical[f.name].memmap()[:500] for f in spec.categorical_features], axis=1
+            [files.categorical[f.name].memmap()[:rows] for f in spec.categorical_features], axis=1
         ),
         spec.hotness,
     )
     inputs = tmp_path / "inputs.npz"
     np.savez(inputs, numerical=numerical, categorical=categorical)
-    served = tmp_path / "served.npy"
+    served_path = tmp_path / "served.npy"
+    script = "tests/integration/scripts/serve_saved_model.py"
     result = run(
-        [
-            sys.executable,
-            "tests/integration/scripts/serve_saved_model.py",
-            str(saved_model),
-            str(inputs),
-            str(served),
-        ],
-        timeout=120,
+        [sys.executable, script, str(saved_model), str(inputs), str(served_path)], timeout=120
     )
     assert result.returncode == 0, result.stderr
-    checkpoint = Checkpoint(trained)
     model = Dlrm(ModelConfig.from_dict(checkpoint.manifest["model"]))
     restore_model_weights(model, checkpoint)
     expected = 1 / (1 + np.exp(-model(numerical, categorical).numpy()))
-    np.testing.assert_allclose(np.load(served), expected, rtol=1e-5, atol=1e-6)
-    assert float(np.load(served).std()) > 0.05  # a trained model, not a constant
+    served = np.load(served_path)
+    np.testing.assert_allclose(served, expected, rtol=1e-5, atol=1e-6)
+    return served
 
 
 def test_inference_mode_reports_throughput(dataset: Path, trained: Path, tmp_path: Path) -> None:

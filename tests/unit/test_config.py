@@ -67,20 +67,26 @@ def test_eval_steps_are_spread_over_each_epoch() -> None:
     assert eval_steps(10, 1, 0) == []
 
 
-def test_flagfile_builds_the_config(tmp_path: Path) -> None:
+def config_from_flagfile(flagfile: Path, text: str, *more_flags: str) -> RunConfig:
+    """main.py's config of `--flagfile` (holding `text`) and `more_flags`."""
     import main
 
-    flagfile = tmp_path / "run.flags"
-    flagfile.write_text(
-        "--dataset_path=/data/criteo\n--batch_size=8192\n--optimizer=adam\n"
-        "--embedding_dim=16\n--bottom_mlp_dims=64,16\n--amp\n"
-    )
+    flagfile.write_text(text)
     flags.FLAGS.unparse_flags()
-    flags.FLAGS(["main.py", f"--flagfile={flagfile}", "--learning_rate=0.5"])
+    flags.FLAGS(["main.py", f"--flagfile={flagfile}", *more_flags])
     try:
-        c = main.config_from_flags()
+        return main.config_from_flags()
     finally:
         flags.FLAGS.unparse_flags()
+
+
+def test_flagfile_builds_the_config(tmp_path: Path) -> None:
+    c = config_from_flagfile(
+        tmp_path / "run.flags",
+        "--dataset_path=/data/criteo\n--batch_size=8192\n--optimizer=adam\n"
+        "--embedding_dim=16\n--bottom_mlp_dims=64,16\n--amp\n",
+        "--learning_rate=0.5",
+    )
     assert c.dataset_path == "/data/criteo" and c.batch_size == 8192
     assert c.optimizer == "adam" and c.amp and not c.xla
     assert c.bottom_mlp_dims == (64, 16) and c.embedding_dim == (16,)
@@ -96,19 +102,11 @@ def test_sharding_defaults_are_the_planners() -> None:
 
 
 def test_flagfile_of_a_cross_model_with_per_table_widths(tmp_path: Path) -> None:
-    import main
-
-    flagfile = tmp_path / "dcnv2.flags"
-    flagfile.write_text(
+    c = config_from_flagfile(
+        tmp_path / "dcnv2.flags",
         "--dataset_path=/data\n--interaction=cross\n--embedding_dim=16,8,4\n"
-        "--bottom_mlp_dims=64,32\n--num_cross_layers=2\n--cross_layer_projection_dim=0\n"
+        "--bottom_mlp_dims=64,32\n--num_cross_layers=2\n--cross_layer_projection_dim=0\n",
     )
-    flags.FLAGS.unparse_flags()
-    flags.FLAGS(["main.py", f"--flagfile={flagfile}"])
-    try:
-        c = main.config_from_flags()
-    finally:
-        flags.FLAGS.unparse_flags()
     assert c.interaction == "cross" and c.embedding_dim == (16, 8, 4)
     assert c.num_cross_layers == 2 and c.cross_layer_projection_dim == 0
     assert c.to_dict()["embedding_dim"] == [16, 8, 4]
