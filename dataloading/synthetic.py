@@ -1,7 +1,13 @@
 """Synthetic split-binary datasets: the FeatureSpec layout, teacher-model labels.
 
     python -m dataloading.synthetic --output_dir data/ --train_rows 1000000 \
-        --test_rows 100000 [--cardinalities 1000,20,...] [--num_numerical 13]
+        --test_rows 100000 [--shape criteo_small|mlperf_dcnv2|mlperf_dcnv2_small] \
+        [--cardinalities 1000,20,...] [--hotness 3,2,...] [--num_numerical 13]
+
+`--shape` picks the tables: 26 small Criteo-like one-hot tables (the default),
+MLPerf DLRM-DCNv2's (the Criteo 1TB cardinalities capped at 40M, with its
+multi-hot sizes), or the same multi-hot sizes over tables capped at
+`SMALL_TABLE_ROWS` rows, which train on a 2-core machine.
 
 Rows are generated and written in chunks, so 100M rows need little memory. The
 dataset is written into a temporary directory beside `output_dir` and renamed
@@ -21,7 +27,13 @@ from pathlib import Path
 import numpy as np
 
 from dataloading.teacher import FeatureSampler, Teacher
-from feature_spec import FeatureSpec, build_split_binary_spec, minimal_categorical_dtype
+from feature_spec import (
+    CRITEO_1TB_MLPERF_CARDINALITIES,
+    MLPERF_DCNV2_MULTI_HOT_SIZES,
+    FeatureSpec,
+    build_split_binary_spec,
+    minimal_categorical_dtype,
+)
 from feature_spec.staged import publish, start_staging
 
 # A small default table set: skewed sizes, as in Criteo, but quick to train.
@@ -29,6 +41,16 @@ DEFAULT_CARDINALITIES = (
     100000, 5000, 2000, 800, 3000, 3, 700, 150, 60, 50000, 20000, 9000, 10,
     200, 1200, 155, 4, 97, 14, 70000, 30000, 60000, 5800, 1300, 108, 36,
 )  # fmt: skip
+SMALL_TABLE_ROWS = 2_000
+# --shape: (cardinalities, hotness); None is one-hot.
+SHAPES: dict[str, tuple[tuple[int, ...], tuple[int, ...] | None]] = {
+    "criteo_small": (DEFAULT_CARDINALITIES, None),
+    "mlperf_dcnv2": (CRITEO_1TB_MLPERF_CARDINALITIES, MLPERF_DCNV2_MULTI_HOT_SIZES),
+    "mlperf_dcnv2_small": (
+        tuple(min(c, SMALL_TABLE_ROWS) for c in CRITEO_1TB_MLPERF_CARDINALITIES),
+        MLPERF_DCNV2_MULTI_HOT_SIZES,
+    ),
+}
 CALIBRATION_ROWS = 200_000
 # Standard deviation of the teacher's logits: with it the teacher's own AUC is
 # about 0.85, near what the best models reach on real Criteo data (~0.80).
@@ -155,24 +177,30 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--train_rows", type=int, default=100_000)
     parser.add_argument("--test_rows", type=int, default=20_000)
     parser.add_argument(
-        "--cardinalities",
-        type=_int_list,
-        default=list(DEFAULT_CARDINALITIES),
-        help="comma-separated table sizes (default: 26 small Criteo-like tables)",
+        "--shape",
+        choices=sorted(SHAPES),
+        default="criteo_small",
+        help="the tables and their ids per row (see the module docstring)",
     )
-    parser.add_argument("--hotness", type=_int_list, default=None)
+    parser.add_argument(
+        "--cardinalities", type=_int_list, default=None, help="comma-separated table sizes"
+    )
+    parser.add_argument(
+        "--hotness", type=_int_list, default=None, help="comma-separated ids per row per table"
+    )
     parser.add_argument("--num_numerical", type=int, default=13)
     parser.add_argument("--exponent", type=float, default=1.1)
     parser.add_argument("--positive_rate", type=float, default=0.25)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--overwrite", action="store_true")
     args = parser.parse_args(argv)
+    cardinalities, hotness = SHAPES[args.shape]
     spec = generate_split_binary(
         args.output_dir,
-        cardinalities=args.cardinalities,
+        cardinalities=args.cardinalities or cardinalities,
         num_numerical=args.num_numerical,
         rows={"train": args.train_rows, "test": args.test_rows},
-        hotness=args.hotness,
+        hotness=args.hotness or hotness,
         exponent=args.exponent,
         positive_rate=args.positive_rate,
         seed=args.seed,

@@ -4,6 +4,7 @@ from feature_spec.criteo import (
     CRITEO_1TB_MLPERF_CARDINALITIES,
     CRITEO_NUM_CATEGORICAL,
     CRITEO_NUM_NUMERICAL,
+    MLPERF_DCNV2_MULTI_HOT_SIZES,
     build_split_binary_spec,
     criteo_feature_spec,
 )
@@ -30,6 +31,7 @@ __all__ = [
     "CRITEO_NUM_CATEGORICAL",
     "CRITEO_NUM_NUMERICAL",
     "LABEL_CHANNEL",
+    "MLPERF_DCNV2_MULTI_HOT_SIZES",
     "NUMERICAL_CHANNEL",
     "SPLIT_BINARY",
     "TEST_MAPPING",

@@ -33,6 +33,12 @@ CRITEO_1TB_MLPERF_CARDINALITIES = (
     585935, 12972, 108, 36,
 )  # fmt: skip
 
+# Ids per row of each table in MLPerf's DLRM-DCNv2 (multi-hot Criteo 1TB, made
+# from the one-hot logs by drawing extra ids): the rows of table 20 hold 100.
+MLPERF_DCNV2_MULTI_HOT_SIZES = (
+    3, 2, 1, 2, 6, 1, 1, 1, 1, 7, 3, 8, 1, 6, 9, 5, 1, 1, 1, 12, 100, 27, 10, 3, 1, 1,
+)  # fmt: skip
+
 LABEL_NAME = "label"
 LABEL_FILE = "label.bin"
 NUMERICAL_FILE = "numerical.bin"

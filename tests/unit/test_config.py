@@ -110,3 +110,26 @@ def test_flagfile_of_a_cross_model_with_per_table_widths(tmp_path: Path) -> None
     assert c.interaction == "cross" and c.embedding_dim == (16, 8, 4)
     assert c.num_cross_layers == 2 and c.cross_layer_projection_dim == 0
     assert c.to_dict()["embedding_dim"] == [16, 8, 4]
+
+
+def test_the_mlperf_dcnv2_flagfiles(tmp_path: Path) -> None:
+    full = config_from_flagfile(
+        tmp_path / "empty.flags",
+        "--flagfile=dlrm/flagfiles/mlperf_dcnv2.flags\n--dataset_path=/data\n",
+    )
+    assert (full.interaction, full.num_cross_layers, full.cross_layer_projection_dim) == (
+        "cross",
+        3,
+        512,
+    )
+    assert full.embedding_dim == (128,) and full.bottom_mlp_dims == (512, 256, 128)
+    assert full.top_mlp_dims == (1024, 1024, 512, 256, 1)
+    assert (full.optimizer, full.batch_size, full.epochs) == ("adagrad", 65536, 1)
+    small = config_from_flagfile(
+        tmp_path / "small.flags",
+        "--flagfile=dlrm/flagfiles/mlperf_dcnv2_small.flags\n--dataset_path=/data\n",
+    )
+    # An eighth of every width.
+    assert small.embedding_dim == (16,) and small.cross_layer_projection_dim == 64
+    assert small.bottom_mlp_dims == tuple(d // 8 for d in full.bottom_mlp_dims)
+    assert small.top_mlp_dims[:-1] == tuple(d // 8 for d in full.top_mlp_dims[:-1])
