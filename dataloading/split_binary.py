@@ -58,8 +58,10 @@ class Batch(NamedTuple):
 
     Attributes:
         numerical: [L, n_numerical] float32.
-        categorical: [B, T] int32 when every table read is one-hot, else a tuple
-            of T tensors [B, hotness_t]; B is G (model-parallel) or L.
+        categorical: [B, T] ids when every table read is one-hot, else a tuple
+            of T tensors [B, hotness_t]; B is G (model-parallel) or L. int32,
+            or int64 when any categorical feature of the dataset is stored as
+            int64 (the same on every rank).
         label: [L, 1] float32.
         weight: [L, 1] float32, 1 for real rows and 0 for padding.
     """
@@ -156,6 +158,10 @@ class SplitBinaryDataset:
         if check_file_ids:
             self.files.check_ids(spec, [f.name for f in self.table_features])
         self._one_hot = all(f.hotness == 1 for f in self.table_features)
+        # Of the whole dataset, not of the tables read: every rank must agree
+        # (ids cross the alltoall under data-parallel input).
+        wide = any(f.dtype == "int64" for f in categorical)
+        self.id_dtype = np.dtype(np.int64 if wide else np.int32)
         self._maps: dict[str, np.ndarray] | None = None
 
     # ------------------------------------------------------------------ sizes
@@ -226,12 +232,12 @@ class SplitBinaryDataset:
                 check_id_rows(column, cat_start, file, feature, table)
         categorical: Any
         if self._one_hot:
-            categorical = np.empty((cat_rows, len(columns)), np.int32)
+            categorical = np.empty((cat_rows, len(columns)), self.id_dtype)
             for i, column in enumerate(columns):
                 categorical[:, i] = column
         else:
             categorical = tuple(
-                c.astype(np.int32).reshape(cat_rows, f.hotness)
+                c.astype(self.id_dtype).reshape(cat_rows, f.hotness)
                 for c, f in zip(columns, self.table_features, strict=True)
             )
         return Batch(numerical=numerical, categorical=categorical, label=label, weight=weight)
@@ -259,7 +265,8 @@ class SplitBinaryDataset:
         else:
             cat_shapes = [(cat_rows, f.hotness) for f in self.table_features]
         shapes = [(local, n_num), *cat_shapes, (local, 1), (local, 1)]
-        dtypes = [tf.float32] + [tf.int32] * len(cat_shapes) + [tf.float32, tf.float32]
+        ids = tf.as_dtype(self.id_dtype)
+        dtypes = [tf.float32] + [ids] * len(cat_shapes) + [tf.float32, tf.float32]
 
         def read(index: np.ndarray) -> list[np.ndarray]:
             try:

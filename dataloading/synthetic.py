@@ -69,6 +69,7 @@ def generate_split_binary(
     chunk_rows: int = 1 << 20,
     overwrite: bool = False,
     progress: Callable[[str], None] | None = None,
+    id_dtype: str | None = None,
 ) -> FeatureSpec:
     """Writes a split-binary dataset with `feature_spec.yaml` into `output_dir`.
 
@@ -81,6 +82,8 @@ def generate_split_binary(
         seed: everything (teacher, features, labels) follows from it.
         chunk_rows: rows generated and written at a time.
         overwrite: replace an existing `output_dir`; otherwise it is an error.
+        id_dtype: the stored dtype of every table's ids (e.g. "int64"); by
+            default the smallest that holds each table's cardinality.
 
     Returns:
         The FeatureSpec of the written dataset (its metadata records the
@@ -109,6 +112,7 @@ def generate_split_binary(
         mappings=tuple(rows),
         base_directory=staging,
         metadata=metadata,
+        id_dtype=id_dtype,
     )
     streams = np.random.SeedSequence([seed, 0x5B1]).spawn(len(rows))
     for (mapping, count), stream in zip(rows.items(), streams, strict=True):
@@ -192,6 +196,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--exponent", type=float, default=1.1)
     parser.add_argument("--positive_rate", type=float, default=0.25)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--id_dtype",
+        choices=["int8", "int16", "int32", "int64"],
+        default=None,
+        help="stored dtype of every table's ids (default: the smallest per table)",
+    )
     parser.add_argument("--overwrite", action="store_true")
     args = parser.parse_args(argv)
     cardinalities, hotness = SHAPES[args.shape]
@@ -206,6 +216,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         seed=args.seed,
         overwrite=args.overwrite,
         progress=lambda line: print(line, file=sys.stderr),
+        id_dtype=args.id_dtype,
     )
     print(f"wrote {args.output_dir}/feature_spec.yaml ({len(spec.categorical_features)} tables)")
     return 0

@@ -1,7 +1,8 @@
 """Export to a TensorFlow SavedModel for serving.
 
 The serving signature takes `numerical` float32 [B, n_numerical] and
-`categorical` int32 [B, sum of hotness] (each table's ids side by side, in the
+`categorical` [B, sum of hotness] (int32, or int64 when a table has more than
+2^31 rows: `serving_id_dtype`) (each table's ids side by side, in the
 FeatureSpec's categorical order; one column per table when all are one-hot) and
 returns `probability` float32 [B, 1]. The exported model computes in float32
 and needs nothing from this project to load: `tf.saved_model.load(path)`.
@@ -18,6 +19,11 @@ import tensorflow as tf
 
 from dlrm.model import Dlrm
 from feature_spec.staged import staged_directory
+
+
+def serving_id_dtype(cardinalities: tuple[int, ...]) -> tf.DType:
+    """int32 ids while every table's ids fit them, else int64."""
+    return tf.int64 if max(cardinalities, default=1) > 2**31 else tf.int32
 
 
 class _ServingModule(tf.Module):
@@ -41,7 +47,11 @@ class _ServingModule(tf.Module):
             serve,
             input_signature=[
                 tf.TensorSpec([None, config.num_numerical], tf.float32, name="numerical"),
-                tf.TensorSpec([None, int(sum(config.hotness))], tf.int32, name="categorical"),
+                tf.TensorSpec(
+                    [None, int(sum(config.hotness))],
+                    serving_id_dtype(tuple(config.cardinalities)),
+                    name="categorical",
+                ),
             ],
         )
 

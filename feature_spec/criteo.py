@@ -59,11 +59,13 @@ def build_split_binary_spec(
     mappings: Sequence[str] = (TRAIN_MAPPING, TEST_MAPPING),
     base_directory: str | os.PathLike[str] = ".",
     metadata: dict[str, Any] | None = None,
+    id_dtype: str | None = None,
 ) -> FeatureSpec:
     """A split-binary FeatureSpec laid out as NVIDIA's tools lay it out.
 
     Files per mapping: `<mapping>/label.bin`, `<mapping>/numerical.bin` and
-    `<mapping>/cat_<i>.bin`, with the minimal id dtype per table.
+    `<mapping>/cat_<i>.bin`, with the minimal id dtype per table, or `id_dtype`
+    for every table.
     """
     hotness = tuple(hotness) if hotness is not None else (1,) * len(cardinalities)
     if len(hotness) != len(cardinalities):
@@ -77,7 +79,8 @@ def build_split_binary_spec(
     for name in numerical:
         features[name] = Feature(name, "float16")
     for name, cardinality, hot in zip(categorical, cardinalities, hotness, strict=True):
-        features[name] = Feature(name, minimal_categorical_dtype(cardinality), cardinality, hot)
+        dtype = id_dtype or minimal_categorical_dtype(cardinality)
+        features[name] = Feature(name, dtype, cardinality, hot)
     source_spec = {}
     for mapping in mappings:
         chunks = [Chunk(SPLIT_BINARY, (LABEL_NAME,), (f"{mapping}/{LABEL_FILE}",))]

@@ -12,7 +12,7 @@ either tool load in the other:
 File paths are relative to the directory holding the YAML. Split binary files
 are headerless and row-major: the label chunk holds the one `bool` label, the
 numerical chunk holds every numerical feature as `float16` columns, and each
-categorical feature has its own chunk of int8/int16/int32 ids, `[N]` or
+categorical feature has its own chunk of int8/int16/int32/int64 ids, `[N]` or
 `[N, hotness]`.
 """
 
@@ -48,7 +48,7 @@ AUTO_CARDINALITY = "auto"
 
 LABEL_DTYPES = ("bool",)
 NUMERICAL_DTYPES = ("float16",)
-CATEGORICAL_DTYPES = ("int8", "int16", "int32")
+CATEGORICAL_DTYPES = ("int8", "int16", "int32", "int64")
 _CHANNEL_DTYPES = {
     LABEL_CHANNEL: LABEL_DTYPES,
     NUMERICAL_CHANNEL: NUMERICAL_DTYPES,
@@ -64,7 +64,7 @@ def minimal_categorical_dtype(cardinality: int) -> str:
         if cardinality - 1 <= np.iinfo(name).max:
             return name
     raise FeatureSpecError(
-        f"cardinality: expected at most {np.iinfo('int32').max + 1} (ids must fit int32), "
+        f"cardinality: expected at most {np.iinfo('int64').max + 1} (ids must fit int64), "
         f"got {cardinality}"
     )
 

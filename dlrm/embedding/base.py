@@ -42,11 +42,12 @@ def assign_rows(variable: Any, start: int, values: np.ndarray) -> None:
     buffer shared, so the next sliced assign copies the whole table; the raw op
     on the handle does not.
     """
+    # int64 bounds: a table may have more than 2^31 rows.
     tf.raw_ops.ResourceStridedSliceAssign(
         ref=resource_variable(variable).handle,
-        begin=[start, 0],
-        end=[start + len(values), values.shape[1]],
-        strides=[1, 1],
+        begin=tf.constant([start, 0], tf.int64),
+        end=tf.constant([start + len(values), values.shape[1]], tf.int64),
+        strides=tf.constant([1, 1], tf.int64),
         value=values,
     )
 

@@ -136,7 +136,7 @@ class ShardedEmbeddings(Embeddings):
             bytes; see `_to_wire`).
 
     Call with the ids the loader gives this rank (`input_tables`, in order):
-    [B, n] int32 when every table read is one-hot, else a tuple of
+    [B, n] int32 or int64 when every table read is one-hot, else a tuple of
     [B, hotness]; and `local_rows` L (needed when the rank reads no table).
     Returns [L, sum of D_t] float32 for the rank's local rows.
     """
@@ -237,7 +237,8 @@ class ShardedEmbeddings(Embeddings):
             if tables:
                 blocks.append(tf.reshape(tf.concat([local_ids[t] for t in tables], 1), [-1]))
             splits.append(local_rows * width)
-        sent = tf.concat(blocks, 0) if blocks else tf.zeros([0], tf.int32)
+        id_dtype = next(iter(local_ids.values())).dtype if local_ids else tf.int32
+        sent = tf.concat(blocks, 0) if blocks else tf.zeros([0], id_dtype)
         received = self.collectives.alltoall(sent, tf.stack(splits), name="embedding_ids")
         mine = self.model_parallel_tables[self.rank]
         if not mine:

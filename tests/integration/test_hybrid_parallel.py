@@ -9,7 +9,8 @@ model-parallel shard (and, with one table, no ids to read at all), no
 model-parallel table at all, a rank holding only row ranges, the planner's own
 plan of a single table (sliced so that every rank has a share), on both input
 modes. Replicated tables' gradients go both ways (dense allreduce for the
-smallest, sparse allgather for the others).
+smallest, sparse allgather for the others). And a dataset stored with int64
+ids, on a mixed plan, both input modes.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import numpy as np
 import pytest
 
 from dataloading.synthetic import generate_split_binary
+from feature_spec import FeatureSpec
 from tests.integration.conftest import horovodrun, run
 
 CARDINALITIES = (23, 7, 300, 11, 5, 40, 9, 64)
@@ -175,3 +177,26 @@ def test_every_plan_trains_on_any_number_of_ranks(
     else:
         expected += len(two_rank_runs())
     assert len(checked) == expected, checked
+
+
+@pytest.fixture(scope="module")
+def wide_ids(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tables of `datasets`, their ids stored as int64 (as tables of more
+    than 2^31 rows need), with a 1-rank reference."""
+    path = tmp_path_factory.mktemp("hybrid") / "wide_ids"
+    generate_split_binary(
+        path, CARDINALITIES, 3, rows={"train": 2000}, hotness=HOTNESS, seed=4, id_dtype="int64"
+    )
+    hybrid_steps(1, path, path / "out_1", ["local:model_parallel:adam:fp32"])
+    return path
+
+
+def test_int64_ids_on_two_ranks_equal_one(wide_ids: Path) -> None:
+    runs = [f"mixed:{m}:adam:fp32" for m in INPUT_MODES]
+    hybrid_steps(2, wide_ids, wide_ids / "out_2", runs)
+    spec = FeatureSpec.load(wide_ids / "feature_spec.yaml")
+    assert {f.dtype for f in spec.categorical_features} == {"int64"}
+    reference = wide_ids / "out_1" / "local_model_parallel_adam_fp32"
+    for mode in INPUT_MODES:
+        run_dir = wide_ids / "out_2" / f"mixed_{mode}_adam_fp32"
+        assert_ranks_equal_one(reference, run_dir, 2, "fp32", "mixed")

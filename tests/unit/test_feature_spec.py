@@ -121,13 +121,14 @@ def test_numerical_channel_may_be_empty(tmp_path: Path) -> None:
         (32768, "int16"),
         (32769, "int32"),
         (2**31, "int32"),
+        (2**31 + 1, "int64"),  # tables of more than 2^31 rows
     ],
 )
 def test_minimal_categorical_dtype(cardinality: int, dtype: str) -> None:
     assert minimal_categorical_dtype(cardinality) == dtype
 
 
-@pytest.mark.parametrize("bad", [0, -3, 2**31 + 1, 2.5, True])
+@pytest.mark.parametrize("bad", [0, -3, 2**63 + 1, 2.5, True])
 def test_minimal_categorical_dtype_rejects(bad: Any) -> None:
     with pytest.raises(FeatureSpecError, match="cardinality"):
         minimal_categorical_dtype(bad)

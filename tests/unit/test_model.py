@@ -95,3 +95,12 @@ def test_model_config_errors_name_the_flags() -> None:
         config(interaction="dcn")
     with pytest.raises(ValueError, match=r"expected 0 for the dot interaction"):
         config(num_cross_layers=3)
+
+
+def test_serving_takes_int64_ids_only_when_a_table_needs_them() -> None:
+    import tensorflow as tf
+
+    from dlrm.export import serving_id_dtype
+
+    assert serving_id_dtype((23, 2**31)) == tf.int32  # ids up to 2^31 - 1
+    assert serving_id_dtype((23, 2**31 + 1)) == tf.int64

@@ -60,7 +60,9 @@ def global_ids(rng: np.random.Generator, hotness: tuple[int, ...]) -> list[np.nd
     ]
 
 
-def loader_ids(layer: ShardedEmbeddings, ids: list[np.ndarray], rank: int) -> Any:
+def loader_ids(
+    layer: ShardedEmbeddings, ids: list[np.ndarray], rank: int, id_dtype: Any = np.int32
+) -> Any:
     """What the loader gives `rank`: with model-parallel input, the global batch
     of the layer's `input_tables`, in that order; with data-parallel input, the
     local rows of every table. [B, n] when every table read is one-hot, else a
@@ -70,6 +72,7 @@ def loader_ids(layer: ShardedEmbeddings, ids: list[np.ndarray], rank: int) -> An
         read = [x[rank * rows : (rank + 1) * rows] for x in ids]
     else:
         read = [ids[t] for t in layer.input_tables]
+    read = [x.astype(id_dtype) for x in read]
     if read and all(x.shape[1] == 1 for x in read):
         return tf.constant(np.concatenate(read, axis=1))
     return tuple(tf.constant(x) for x in read)
@@ -111,6 +114,7 @@ def lookup_on_rank(
     wire_dtype: tf.DType = tf.float32,
     upstream_of: Callable[[np.ndarray], np.ndarray] = lambda upstream: upstream,
     dims: tuple[int, ...] = UNIFORM_DIMS,
+    id_dtype: Any = np.int32,
 ) -> dict[str, Any]:
     """One rank's vectors and shard gradients, by the three steps and the explicit
     backward, as the trainer runs them (with `upstream_of(the reference's
@@ -157,7 +161,7 @@ def lookup_on_rank(
 
     run = tf.function(step) if in_function else step
     upstream = tf.constant(local_rows_of(upstream_of(ref["upstream"]), rank, world))
-    finite, vectors, gradients = run(loader_ids(layer, ref["ids"], rank), upstream)
+    finite, vectors, gradients = run(loader_ids(layer, ref["ids"], rank, id_dtype), upstream)
     assert bool(finite)
     return {
         "vectors": vectors.numpy(),
@@ -240,6 +244,21 @@ def test_one_hot_ids_in_a_tf_function(kind: str, data_parallel_input: bool) -> N
         2, lambda c: lookup_on_rank(c, kind, ONE_HOT, data_parallel_input, in_function=True)
     )
     check_against_one_process(results, ONE_HOT, 2)
+
+
+@pytest.mark.parametrize("kind", ["mixed", "row_wise_rank"])
+@pytest.mark.parametrize("data_parallel_input", [False, True])
+def test_int64_ids(kind: str, data_parallel_input: bool) -> None:
+    """The loader gives int64 ids when the dataset stores any as int64: they are
+    exchanged (data-parallel input), offset into row ranges and looked up as
+    int32 ids are."""
+    results = run_ranks(
+        2,
+        lambda c: lookup_on_rank(
+            c, kind, HOTNESS, data_parallel_input, in_function=True, id_dtype=np.int64
+        ),
+    )
+    check_against_one_process(results, HOTNESS, 2)
 
 
 def bfloat16_rounded(values: np.ndarray) -> np.ndarray:

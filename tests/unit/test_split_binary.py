@@ -6,6 +6,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import tensorflow as tf
 
 from dataloading.errors import DatasetError
 from dataloading.split_binary import InputMode, LastBatch, ShardSpec, SplitBinaryDataset
@@ -162,6 +163,33 @@ def test_multi_hot_tables_come_as_tuple(multi_hot_dir: Path) -> None:
     assert ids_1.shape == (200, 3) and ids_2.shape == (200, 2) and ids_1.dtype == np.int32
     np.testing.assert_array_equal(ids_1, data["cat_1"])
     np.testing.assert_array_equal(ids_2, data["cat_2"])
+
+
+@pytest.mark.parametrize("hotness", [(1, 1, 1), (1, 3, 2)], ids=["one_hot", "multi_hot"])
+def test_int64_stored_ids_come_as_int64_for_every_table(tmp_path: Path, hotness: tuple) -> None:
+    """One table stored as int64 makes every table's ids int64 (the ranks agree
+    on one dtype, whatever tables they read)."""
+    generate_split_binary(tmp_path / "d", (23, 7, 300), 2, rows={"train": 100}, hotness=hotness)
+    spec = FeatureSpec.load(tmp_path / "d")
+    wide = copy_dataset(tmp_path / "d", tmp_path / "wide")
+    path = wide.files("train").categorical["cat_2"]
+    np.fromfile(path, np.int16).astype(np.int64).tofile(path)
+    text = (tmp_path / "wide" / "feature_spec.yaml").read_text()
+    text = text.replace("  cat_2:\n    dtype: int16\n", "  cat_2:\n    dtype: int64\n")
+    (tmp_path / "wide" / "feature_spec.yaml").write_text(text)
+    wide = FeatureSpec.load(tmp_path / "wide")
+    assert [f.dtype for f in wide.categorical_features] == ["int8", "int8", "int64"]
+    for tables in [(0, 1, 2), (0, 1)]:  # rank 0 of 2 reads tables 0 and 1 only
+        shard = ShardSpec(20, 0, 2, tables) if len(tables) < 3 else ShardSpec(20)
+        narrow_batch = next(iter(SplitBinaryDataset(spec, "train", shard).to_tf_dataset()))
+        wide_batch = next(iter(SplitBinaryDataset(wide, "train", shard).to_tf_dataset()))
+        for narrow, ids in zip(
+            tf.nest.flatten(narrow_batch.categorical),
+            tf.nest.flatten(wide_batch.categorical),
+            strict=True,
+        ):
+            assert narrow.dtype == tf.int32 and ids.dtype == tf.int64
+            np.testing.assert_array_equal(ids.numpy(), narrow.numpy())
 
 
 # ---------------------------------------------------------------- bad input

@@ -332,3 +332,24 @@ def test_a_cross_checkpoint_is_refused_by_a_dot_model(dataset: Path, tmp_path: P
     dot = session(dataset)
     with pytest.raises(CheckpointError, match=r"interaction: checkpoint 'cross', this run 'dot'"):
         check_model_matches(Checkpoint(path), dot.model_config.to_dict())
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adagrad", "adam"])
+def test_int64_ids_train_as_int32_ids_do(
+    dataset: Path, tmp_path_factory: pytest.TempPathFactory, optimizer: str
+) -> None:
+    """The same rows stored with int64 ids (as tables of more than 2^31 rows
+    need): int64 ids reach the lookups and the sparse updates, with the
+    weights of the int32 run."""
+    wide = tmp_path_factory.mktemp("wide") / "synthetic"
+    generate_split_binary(
+        wide, CARDINALITIES, 3, rows={"train": 20 * BATCH, "test": 500}, seed=4, id_dtype="int64"
+    )
+    narrow_run, wide_run = session(dataset, optimizer=optimizer), session(wide, optimizer=optimizer)
+    assert narrow_run.trainer is not None and wide_run.trainer is not None
+    for narrow_batch, wide_batch in zip(batches(dataset, 4), batches(wide, 4), strict=True):
+        assert wide_batch.categorical.dtype == tf.int64
+        narrow_run.trainer.train_step(narrow_batch)
+        wide_run.trainer.train_step(wide_batch)
+    for a, b in zip(weights(narrow_run), weights(wide_run), strict=True):
+        np.testing.assert_array_equal(b, a)
