@@ -40,7 +40,7 @@ import tensorflow as tf
 
 from dataloading.split_binary import ShardSpec, SplitBinaryDataset
 from dataloading.synthetic import generate_split_binary
-from dlrm.app import build_session
+from dlrm.app import build_session, model_config_for
 from dlrm.config import RunConfig
 from dlrm.dist import create_collectives
 from dlrm.model import ModelConfig
@@ -254,15 +254,9 @@ def main() -> int:
         spec = FeatureSpec.load(dataset / "feature_spec.yaml")
         flops = {}
         for interaction in interactions:
-            cross = interaction == "cross"
-            defaults = RunConfig(dataset_path=str(dataset), interaction=interaction)
-            model = ModelConfig(
-                13,
-                spec.cardinalities,
-                spec.hotness,
-                interaction=interaction,
-                num_cross_layers=defaults.num_cross_layers if cross else 0,
-                cross_layer_projection_dim=defaults.cross_layer_projection_dim if cross else 0,
+            # The model main.py builds with the default flags and this interaction.
+            model = model_config_for(
+                spec, RunConfig(dataset_path=str(dataset), interaction=interaction)
             )
             flops[interaction] = dense_training_flops(model)
             print(

@@ -59,19 +59,12 @@ from feature_spec import TEST_MAPPING, TRAIN_MAPPING, FeatureSpec, FeatureSpecEr
 def model_config_for(spec: FeatureSpec, config: RunConfig) -> ModelConfig:
     """The architecture of this run: the flags' model with the dataset's tables."""
     cross = config.interaction == "cross"
-    dims = config.embedding_dim
-    if len(dims) not in (1, len(spec.cardinalities)):
-        raise ConfigError(
-            f"--embedding_dim: expected one width or one per categorical feature of the "
-            f"FeatureSpec ({len(spec.cardinalities)}), got {len(dims)}: "
-            f"{','.join(map(str, dims))}"
-        )
     try:
         return ModelConfig(
             num_numerical=len(spec.numerical_features),
             cardinalities=spec.cardinalities,
             hotness=spec.hotness,
-            embedding_dim=dims[0] if len(dims) == 1 else dims,
+            embedding_dim=config.embedding_dim,  # one width, or one per table
             bottom_mlp_dims=config.bottom_mlp_dims,
             top_mlp_dims=config.top_mlp_dims,
             interaction=config.interaction,

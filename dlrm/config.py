@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -214,37 +215,19 @@ def _validate(c: RunConfig) -> None:
         c.benchmark_warmup_steps >= 0,
         f"--benchmark_warmup_steps: expected >= 0, got {c.benchmark_warmup_steps}",
     )
-    _require(
-        c.interaction in INTERACTIONS,
-        f"--interaction: expected one of {', '.join(INTERACTIONS)}, got {c.interaction!r}",
-    )
     for flag in ("embedding_dim", "bottom_mlp_dims", "top_mlp_dims"):
         dims = getattr(c, flag)
         _require(
             len(dims) > 0 and all(isinstance(d, int) and d > 0 for d in dims),
             f"--{flag}: expected a comma-separated list of positive widths, got {list(dims)}",
         )
-    if c.interaction == "dot":
-        _require(
-            len(set(c.embedding_dim)) == 1,
-            f"--embedding_dim: the dot interaction needs one width for every table, got "
-            f"{','.join(map(str, c.embedding_dim))}; per-table widths need --interaction cross",
-        )
-        _require(
-            c.bottom_mlp_dims[-1] == c.embedding_dim[0],
-            f"--bottom_mlp_dims: the last width must equal --embedding_dim "
-            f"({c.embedding_dim[0]}) for the dot interaction, got {c.bottom_mlp_dims[-1]}",
-        )
-    else:
-        _require(
-            c.num_cross_layers >= 1,
-            f"--num_cross_layers: expected >= 1 for --interaction cross, got {c.num_cross_layers}",
-        )
-        _require(
-            c.cross_layer_projection_dim >= 0,
-            f"--cross_layer_projection_dim: expected >= 0 (0: full rank), "
-            f"got {c.cross_layer_projection_dim}",
-        )
+    check_interaction(
+        c.interaction,
+        c.embedding_dim,
+        c.bottom_mlp_dims[-1],
+        c.num_cross_layers,
+        c.cross_layer_projection_dim,
+    )
     _require(
         c.top_mlp_dims[-1] == 1,
         f"--top_mlp_dims: the last width must be 1 (the click logit), got {c.top_mlp_dims[-1]}",
@@ -263,6 +246,47 @@ def _validate(c: RunConfig) -> None:
         _require(
             c.saved_model_output_path is not None,
             "--saved_model_output_path: required for --mode export (where to write it)",
+        )
+
+
+def check_interaction(
+    interaction: str,
+    widths: Sequence[int],
+    bottom_width: int | None,
+    num_cross_layers: int,
+    cross_layer_projection_dim: int,
+) -> None:
+    """What the interaction asks of the model's widths, for the flags and for
+    `ModelConfig` alike. `widths`: the one embedding width, or each table's;
+    `bottom_width`: the bottom MLP's last width (None: no bottom MLP).
+
+    Raises:
+        ConfigError: naming the flag, the expected and the actual value.
+    """
+    _require(
+        interaction in INTERACTIONS,
+        f"--interaction: expected one of {', '.join(INTERACTIONS)}, got {interaction!r}",
+    )
+    if interaction == "dot":
+        _require(
+            len(set(widths)) <= 1,
+            f"--embedding_dim: the dot interaction needs one width for every table, got "
+            f"{','.join(map(str, widths))}; per-table widths need --interaction cross",
+        )
+        _require(
+            bottom_width is None or not widths or bottom_width == widths[0],
+            f"--bottom_mlp_dims: the last width must equal --embedding_dim "
+            f"({widths[0] if widths else None}) for the dot interaction, got {bottom_width}",
+        )
+    else:
+        _require(
+            num_cross_layers >= 1,
+            f"--num_cross_layers: expected >= 1 for --interaction cross, got {num_cross_layers}",
+        )
+        _require(
+            cross_layer_projection_dim >= 0,
+            f"--cross_layer_projection_dim: expected >= 0 (0: full rank), "
+            f"got {cross_layer_projection_dim}",
         )
 
 

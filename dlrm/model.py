@@ -15,13 +15,12 @@ from typing import Any
 import keras
 import tensorflow as tf
 
+from dlrm.config import check_interaction
 from dlrm.embedding.local import LocalEmbeddings
 from dlrm.interaction import CrossInteraction, DotInteraction
 
 __all__ = ["Dlrm", "LocalEmbeddings", "ModelConfig", "mlp"]
 
-
-INTERACTIONS = ("dot", "cross")
 
 # What a checkpoint manifest written before a field existed means by it.
 LEGACY_VALUES: dict[str, Any] = {
@@ -56,47 +55,27 @@ class ModelConfig:
         if isinstance(dims, (tuple, list)):
             if len(dims) not in (1, len(self.cardinalities)):
                 raise ValueError(
-                    f"--embedding_dim: expected one width or one per table "
-                    f"({len(self.cardinalities)}), got {len(dims)}: {list(dims)}"
+                    f"--embedding_dim: expected one width or one per table (the FeatureSpec "
+                    f"has {len(self.cardinalities)} categorical features), got {len(dims)}: "
+                    f"{','.join(map(str, dims))}"
                 )
             if len(set(dims)) == 1:
                 object.__setattr__(self, "embedding_dim", int(dims[0]))
             else:
                 object.__setattr__(self, "embedding_dim", tuple(int(d) for d in dims))
-        if self.interaction not in INTERACTIONS:
+        width = self.embedding_dim
+        check_interaction(
+            self.interaction,
+            width if isinstance(width, tuple) else (width,),
+            self.bottom_mlp_dims[-1] if self.bottom_mlp_dims else None,
+            self.num_cross_layers,
+            self.cross_layer_projection_dim,
+        )
+        if self.interaction == "dot" and (self.num_cross_layers or self.cross_layer_projection_dim):
             raise ValueError(
-                f"--interaction: expected one of {', '.join(INTERACTIONS)}, "
-                f"got {self.interaction!r}"
+                "num_cross_layers, cross_layer_projection_dim: expected 0 for the dot "
+                f"interaction, got {self.num_cross_layers} and {self.cross_layer_projection_dim}"
             )
-        if self.interaction == "dot":
-            if isinstance(self.embedding_dim, tuple):
-                raise ValueError(
-                    f"--embedding_dim: the dot interaction needs one width for every table, "
-                    f"got {list(self.embedding_dim)}; per-table widths need --interaction cross"
-                )
-            if self.bottom_mlp_dims and self.bottom_mlp_dims[-1] != self.embedding_dim:
-                raise ValueError(
-                    f"--bottom_mlp_dims: the last width must equal --embedding_dim "
-                    f"({self.embedding_dim}) for the dot interaction, "
-                    f"got {self.bottom_mlp_dims[-1]}"
-                )
-            if self.num_cross_layers or self.cross_layer_projection_dim:
-                raise ValueError(
-                    "num_cross_layers, cross_layer_projection_dim: expected 0 for the dot "
-                    f"interaction, got {self.num_cross_layers} and "
-                    f"{self.cross_layer_projection_dim}"
-                )
-        else:
-            if self.num_cross_layers < 1:
-                raise ValueError(
-                    f"--num_cross_layers: expected >= 1 for --interaction cross, "
-                    f"got {self.num_cross_layers}"
-                )
-            if self.cross_layer_projection_dim < 0:
-                raise ValueError(
-                    f"--cross_layer_projection_dim: expected >= 0 (0: full rank), "
-                    f"got {self.cross_layer_projection_dim}"
-                )
         if any(d <= 0 for d in self.embedding_dims):
             raise ValueError(f"--embedding_dim: expected positive widths, got {self.embedding_dim}")
         if not self.top_mlp_dims or self.top_mlp_dims[-1] != 1:

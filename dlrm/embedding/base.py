@@ -81,7 +81,6 @@ class Embeddings(keras.layers.Layer):
             )
         # Table t's columns in the output: [offsets[t], offsets[t] + dims[t]).
         self.offsets = tuple(int(sum(self.dims[:t])) for t in range(len(self.dims)))
-        self.output_width = int(sum(self.dims))
         self.seed = seed
 
     def create_shard_variable(self, shard: TableShard) -> Any:

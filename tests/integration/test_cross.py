@@ -19,7 +19,7 @@ from feature_spec import (
 )
 from tests.integration.conftest import run
 from tests.integration.test_training import (
-    assert_serves_like_the_checkpoint,
+    assert_export_serves_like_the_checkpoint,
     main_py,
     records,
     summary,
@@ -94,20 +94,13 @@ def test_per_table_widths_export_and_serve_in_a_fresh_process(
     )
     assert code == 0, stderr + stdout
     assert summary(out / "metrics.jsonl")["auc"] > 0.7
-    checkpoint = Checkpoint(sorted(out.glob("step_*"))[-1])
+    checkpoint = Checkpoint(out)  # the newest
     manifest = checkpoint.manifest["model"]
     assert manifest["interaction"] == "cross"
     assert manifest["embedding_dim"] == [4, 8, 8, 4, 16, 4, 12, 8]
     assert checkpoint.table_shape(4) == (5000, 16)
 
-    saved_model = tmp_path / "saved_model"
-    code, _, stderr = main_py(
-        "--mode=export",
-        f"--restore_checkpoint_path={out}",
-        f"--saved_model_output_path={saved_model}",
-    )
-    assert code == 0, stderr
-    served = assert_serves_like_the_checkpoint(saved_model, checkpoint, dataset, tmp_path, 300)
+    served = assert_export_serves_like_the_checkpoint(out, dataset, tmp_path, rows=300)
     assert float(served.std()) > 0.02  # a trained model, not a constant
 
 

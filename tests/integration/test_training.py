@@ -161,24 +161,25 @@ def test_resume_from_a_checkpoint_matches_a_straight_run(dataset: Path, tmp_path
 def test_export_serves_the_same_predictions_in_a_fresh_process(
     dataset: Path, trained: Path, tmp_path: Path
 ) -> None:
-    saved_model = tmp_path / "saved_model"
-    code, _, stderr = main_py(
-        "--mode=export",
-        f"--restore_checkpoint_path={trained}",
-        f"--saved_model_output_path={saved_model}",
-    )
-    assert code == 0, stderr
-    served = assert_serves_like_the_checkpoint(
-        saved_model, Checkpoint(trained), dataset, tmp_path, rows=500
-    )
+    served = assert_export_serves_like_the_checkpoint(trained, dataset, tmp_path, rows=500)
     assert float(served.std()) > 0.05  # a trained model, not a constant
 
 
-def assert_serves_like_the_checkpoint(
-    saved_model: Path, checkpoint: Checkpoint, dataset: Path, tmp_path: Path, rows: int
+def assert_export_serves_like_the_checkpoint(
+    checkpoints: Path, dataset: Path, tmp_path: Path, rows: int
 ) -> np.ndarray:
-    """Serves the first `rows` test rows from `saved_model` in a fresh process
-    and checks the probabilities against the checkpoint's model; returns them."""
+    """Exports the newest checkpoint in `checkpoints` with `main.py --mode
+    export`, serves the first `rows` test rows from the SavedModel in a fresh
+    process and checks the probabilities against the checkpoint's model;
+    returns them."""
+    saved_model = tmp_path / "saved_model"
+    code, _, stderr = main_py(
+        "--mode=export",
+        f"--restore_checkpoint_path={checkpoints}",
+        f"--saved_model_output_path={saved_model}",
+    )
+    assert code == 0, stderr
+    checkpoint = Checkpoint(checkpoints)
     spec = FeatureSpec.load(dataset / "feature_spec.yaml")
     files = SplitBinaryFiles.open(spec, "test")
     assert files.numerical is not None
