@@ -31,6 +31,7 @@ from feature_spec import (
     CRITEO_1TB_MLPERF_CARDINALITIES,
     MLPERF_DCNV2_MULTI_HOT_SIZES,
     FeatureSpec,
+    FeatureSpecError,
     build_split_binary_spec,
     minimal_categorical_dtype,
 )
@@ -94,6 +95,11 @@ def generate_split_binary(
     hotness = tuple(hotness) if hotness is not None else (1,) * len(cardinalities)
     for cardinality in cardinalities:
         minimal_categorical_dtype(cardinality)  # validates the cardinality
+    if len(hotness) != len(cardinalities):
+        raise FeatureSpecError(
+            f"hotness: expected one value per table ({len(cardinalities)}), "
+            f"got {len(hotness)}: {','.join(map(str, hotness))}"
+        )
     sampler = FeatureSampler(num_numerical, tuple(cardinalities), hotness, exponent)
     teacher = build_teacher(sampler, seed, positive_rate)
     metadata = {
@@ -205,19 +211,33 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--overwrite", action="store_true")
     args = parser.parse_args(argv)
     cardinalities, hotness = SHAPES[args.shape]
-    spec = generate_split_binary(
-        args.output_dir,
-        cardinalities=args.cardinalities or cardinalities,
-        num_numerical=args.num_numerical,
-        rows={"train": args.train_rows, "test": args.test_rows},
-        hotness=args.hotness or hotness,
-        exponent=args.exponent,
-        positive_rate=args.positive_rate,
-        seed=args.seed,
-        overwrite=args.overwrite,
-        progress=lambda line: print(line, file=sys.stderr),
-        id_dtype=args.id_dtype,
-    )
+    # A shape's ids per row fit its own tables only.
+    if (
+        args.cardinalities
+        and not args.hotness
+        and hotness is not None
+        and len(args.cardinalities) != len(hotness)
+    ):
+        parser.error(
+            f"--cardinalities: {len(args.cardinalities)} tables, but --shape {args.shape} "
+            f"has ids per row for {len(hotness)}; give --hotness for these tables"
+        )
+    try:
+        spec = generate_split_binary(
+            args.output_dir,
+            cardinalities=args.cardinalities or cardinalities,
+            num_numerical=args.num_numerical,
+            rows={"train": args.train_rows, "test": args.test_rows},
+            hotness=args.hotness or hotness,
+            exponent=args.exponent,
+            positive_rate=args.positive_rate,
+            seed=args.seed,
+            overwrite=args.overwrite,
+            progress=lambda line: print(line, file=sys.stderr),
+            id_dtype=args.id_dtype,
+        )
+    except FeatureSpecError as error:
+        parser.error(str(error))
     print(f"wrote {args.output_dir}/feature_spec.yaml ({len(spec.categorical_features)} tables)")
     return 0
 

@@ -102,6 +102,26 @@ def test_bad_cardinality_writes_nothing(tmp_path: Path) -> None:
     assert list(tmp_path.iterdir()) == []
 
 
+def test_hotness_of_other_tables_is_refused_and_writes_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from feature_spec import FeatureSpecError
+
+    with pytest.raises(
+        FeatureSpecError, match=r"hotness: expected one value per table \(3\), got 2"
+    ):
+        generate_split_binary(tmp_path / "d", (5, 9, 7), 2, rows={"train": 10}, hotness=(1, 2))
+    # --shape mlperf_dcnv2_small has 26 tables' ids per row.
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--output_dir", str(tmp_path / "cli"), "--shape", "mlperf_dcnv2_small",
+              "--cardinalities", "5,9"])  # fmt: skip
+    assert exit_info.value.code == 2
+    assert "--cardinalities: 2 tables, but --shape mlperf_dcnv2_small has ids per row for 26" in (
+        capsys.readouterr().err
+    )
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_cli_writes_dataset(tmp_path: Path) -> None:
     out = tmp_path / "cli"
     code = main(
