@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
@@ -16,6 +17,23 @@ from feature_spec import Feature, FeatureSpec
 
 # Rows scanned at a time by the id-range check (bounded memory for big tables).
 _CHECK_CHUNK_ROWS = 1 << 22
+
+
+class RaggedIds(NamedTuple):
+    """A variable-length feature's ids for R rows: row i's ids are
+    values[sum(row_lengths[:i]) : sum(row_lengths[:i + 1])]."""
+
+    values: np.ndarray  # [sum of row_lengths]
+    row_lengths: np.ndarray  # [R] int64, >= 0
+
+    @classmethod
+    def from_offsets(cls, values: np.ndarray, offsets: np.ndarray) -> RaggedIds:
+        """From the split-binary form: offsets [R + 1] into `values`, from any start."""
+        return cls(np.asarray(values), np.diff(np.asarray(offsets)).astype(np.int64))
+
+    def offsets(self) -> np.ndarray:
+        """[R + 1] int64 offsets from 0, as the split-binary offsets file holds them."""
+        return np.concatenate([[0], np.cumsum(self.row_lengths, dtype=np.int64)])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,11 +65,14 @@ class SplitBinaryFiles:
     label: BinaryFile
     numerical: BinaryFile | None
     categorical: dict[str, BinaryFile]
+    # Variable-length features: int64 [rows + 1] row offsets into their ids.
+    offsets: dict[str, BinaryFile] = dataclasses.field(default_factory=dict)
 
     @classmethod
     def open(cls, spec: FeatureSpec, mapping: str) -> SplitBinaryFiles:
         """Checks that every file of `mapping` exists and holds a whole number of
-        rows, the same number in every file.
+        rows, the same number in every file; for a variable-length feature, that
+        its offsets start at 0 and end at its number of ids.
 
         Raises:
             DatasetError: naming the file, the expected and the actual bytes.
@@ -66,8 +87,19 @@ class SplitBinaryFiles:
             feature.name: _open(paths.categorical[feature.name], feature.dtype, _row_shape(feature))
             for feature in spec.categorical_features
         }
-        every = [label, *([numerical] if numerical else []), *categorical.values()]
+        offsets = {
+            name: _open_offsets(path, categorical[name]) for name, path in paths.offsets.items()
+        }
+        fixed = [c for name, c in categorical.items() if name not in offsets]
+        every = [label, *([numerical] if numerical else []), *fixed]
         rows = label.rows
+        for file in offsets.values():
+            if file.rows - 1 != rows:
+                raise DatasetError(
+                    f"{file.path}: row count differs from {label.path} in mapping "
+                    f"{mapping!r}: expected {rows + 1} int64 offsets = {(rows + 1) * 8} bytes "
+                    f"(one more than the rows), got {file.rows} = {file.rows * 8} bytes"
+                )
         for file in every:
             if file.rows != rows:
                 raise DatasetError(
@@ -77,7 +109,12 @@ class SplitBinaryFiles:
                     f"{file.rows * file.row_bytes} bytes"
                 )
         return cls(
-            mapping=mapping, rows=rows, label=label, numerical=numerical, categorical=categorical
+            mapping=mapping,
+            rows=rows,
+            label=label,
+            numerical=numerical,
+            categorical=categorical,
+            offsets=offsets,
         )
 
     def check_ids(self, spec: FeatureSpec, features: Sequence[str] | None = None) -> None:
@@ -91,6 +128,11 @@ class SplitBinaryFiles:
         categorical = spec.categorical_features
         table = {f.name: t for t, f in enumerate(categorical)}
         for name in features if features is not None else list(self.categorical):
+            if name in self.offsets:
+                offsets = self.offsets[name].memmap()
+                for start in range(0, len(offsets) - 1, _CHECK_CHUNK_ROWS):
+                    stop = min(start + _CHECK_CHUNK_ROWS, len(offsets) - 1)
+                    check_offset_rows(np.asarray(offsets[start : stop + 1]), start, self.offsets[name])
             check_ids_in_range(self.categorical[name], categorical[table[name]], table[name])
 
 
@@ -139,8 +181,39 @@ def check_id_rows(
     )
 
 
+def check_offset_rows(offsets: np.ndarray, first_row: int, file: BinaryFile) -> None:
+    """Raises DatasetError if `offsets` (rows `first_row` to `first_row + R` of an
+    offsets file, R + 1 values) decrease anywhere: a row would have a negative
+    number of ids. One comparison per row when they do not."""
+    lengths = np.diff(offsets)
+    if lengths.size == 0 or lengths.min() >= 0:
+        return
+    row = int(np.flatnonzero(lengths < 0)[0])
+    raise DatasetError(
+        f"{file.path}: offsets of row {first_row + row} decrease: expected "
+        f"non-decreasing offsets, got {int(offsets[row])} then {int(offsets[row + 1])}"
+    )
+
+
 def _row_shape(feature: Feature) -> tuple[int, ...]:
-    return () if feature.hotness == 1 else (feature.hotness,)
+    return () if feature.hotness in (0, 1) else (feature.hotness,)
+
+
+def _open_offsets(path: Path, values: BinaryFile) -> BinaryFile:
+    """A variable-length feature's offsets file, its ends checked against `values`."""
+    offsets = _open(path, "int64", ())
+    if offsets.rows == 0:
+        raise DatasetError(
+            f"{path}: expected int64 row offsets, at least one value (0), got an empty file"
+        )
+    data = offsets.memmap()
+    first, last = int(data[0]), int(data[-1])
+    if first != 0 or last != values.rows:
+        raise DatasetError(
+            f"{path}: expected offsets from 0 to the number of ids in {values.path} "
+            f"({values.rows}), got {first} to {last}"
+        )
+    return offsets
 
 
 def _open(path: Path, dtype: str, row_shape: tuple[int, ...]) -> BinaryFile:

@@ -65,7 +65,8 @@ def build_split_binary_spec(
 
     Files per mapping: `<mapping>/label.bin`, `<mapping>/numerical.bin` and
     `<mapping>/cat_<i>.bin`, with the minimal id dtype per table, or `id_dtype`
-    for every table.
+    for every table; a variable-length table (hotness 0) adds its row offsets,
+    `<mapping>/cat_<i>.offsets.bin`.
     """
     hotness = tuple(hotness) if hotness is not None else (1,) * len(cardinalities)
     if len(hotness) != len(cardinalities):
@@ -86,7 +87,9 @@ def build_split_binary_spec(
         chunks = [Chunk(SPLIT_BINARY, (LABEL_NAME,), (f"{mapping}/{LABEL_FILE}",))]
         if numerical:
             chunks.append(Chunk(SPLIT_BINARY, numerical, (f"{mapping}/{NUMERICAL_FILE}",)))
-        chunks += [Chunk(SPLIT_BINARY, (name,), (f"{mapping}/{name}.bin",)) for name in categorical]
+        for name, hot in zip(categorical, hotness, strict=True):
+            files = [f"{mapping}/{name}.bin"] + ([f"{mapping}/{name}.offsets.bin"] if hot == 0 else [])
+            chunks.append(Chunk(SPLIT_BINARY, (name,), tuple(files)))
         source_spec[mapping] = tuple(chunks)
     return FeatureSpec(
         features=features,

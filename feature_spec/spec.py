@@ -43,6 +43,10 @@ CHUNK_TYPES = (SPLIT_BINARY,)
 
 SECTIONS = ("feature_spec", "source_spec", "channel_spec")
 
+# `hotness: variable` in the YAML; `Feature.hotness` holds 0 for it.
+VARIABLE_HOTNESS = "variable"
+OFFSETS_DTYPE = "int64"
+
 # Cardinality placeholder accepted only by tools that compute it (preproc.transcode).
 AUTO_CARDINALITY = "auto"
 
@@ -78,7 +82,9 @@ class Feature:
         dtype: numpy dtype name of its values on disk.
         cardinality: number of distinct ids (categorical features only); the
             string "auto" only in specs given to preproc.transcode.
-        hotness: ids per row (categorical only); 1 is one-hot, stored as `[N]`.
+        hotness: ids per row (categorical only); 1 is one-hot, stored as `[N]`;
+            0 is a variable number of ids per row (`hotness: variable`), stored
+            as values and offsets.
     """
 
     name: str
@@ -90,12 +96,16 @@ class Feature:
     def itemsize(self) -> int:
         return int(np.dtype(self.dtype).itemsize)
 
+    @property
+    def is_variable_length(self) -> bool:
+        return self.hotness == 0
+
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"dtype": self.dtype}
         if self.cardinality is not None:
             out["cardinality"] = self.cardinality
         if self.hotness != 1:
-            out["hotness"] = self.hotness
+            out["hotness"] = VARIABLE_HOTNESS if self.is_variable_length else self.hotness
         return out
 
 
@@ -118,6 +128,7 @@ class SplitFiles:
     label: Path
     numerical: Path | None
     categorical: dict[str, Path]
+    offsets: dict[str, Path] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -268,6 +279,7 @@ class FeatureSpec:
 
     @property
     def hotness(self) -> tuple[int, ...]:
+        """Ids per row per categorical feature; 0 for a variable-length one."""
         return tuple(f.hotness for f in self.categorical_features)
 
     @property
@@ -287,6 +299,7 @@ class FeatureSpec:
         label: Path | None = None
         numerical: Path | None = None
         categorical: dict[str, Path] = {}
+        offsets: dict[str, Path] = {}
         for chunk in self.chunks(mapping):
             path = self.base_directory / chunk.files[0]
             first = chunk.features[0]
@@ -296,9 +309,11 @@ class FeatureSpec:
                 numerical = path
             else:
                 categorical[first] = path
+                if len(chunk.files) == 2:
+                    offsets[first] = self.base_directory / chunk.files[1]
         assert label is not None  # guaranteed by _validate_mapping
         ordered = {f.name: categorical[f.name] for f in self.categorical_features}
-        return SplitFiles(label=label, numerical=numerical, categorical=ordered)
+        return SplitFiles(label=label, numerical=numerical, categorical=ordered, offsets=offsets)
 
     def check_files(self) -> None:
         """Raises FeatureSpecError naming the first file that does not exist."""
@@ -338,8 +353,12 @@ def _parse_features(raw: Any) -> dict[str, Feature]:
         if unknown:
             raise FeatureSpecError(f"{key}: unknown keys {unknown}; expected only {sorted(known)}")
         hotness = entry.get("hotness", 1)
-        if not _is_int(hotness) or hotness < 1:
-            raise FeatureSpecError(f"{key}.hotness: expected a positive int, got {hotness!r}")
+        if hotness == VARIABLE_HOTNESS:
+            hotness = 0
+        elif not _is_int(hotness) or hotness < 1:
+            raise FeatureSpecError(
+                f"{key}.hotness: expected a positive int or {VARIABLE_HOTNESS!r}, got {hotness!r}"
+            )
         features[str(name)] = Feature(
             name=str(name),
             dtype=str(entry["dtype"]),
@@ -499,7 +518,17 @@ def _validate_mapping(
                 f"{key}.type: unknown chunk type; expected one of {list(CHUNK_TYPES)}, "
                 f"got {chunk.type!r}"
             )
-        if len(chunk.files) != 1:
+        variable = any(
+            name in spec.features and spec.features[name].is_variable_length
+            for name in chunk.features
+        )
+        if variable and len(chunk.files) != 2:
+            raise FeatureSpecError(
+                f"{key}.files: a variable-length feature is two files, its ids and its "
+                f"{OFFSETS_DTYPE} row offsets; expected 2 files, got {len(chunk.files)}: "
+                f"{list(chunk.files)}"
+            )
+        if not variable and len(chunk.files) != 1:
             raise FeatureSpecError(
                 f"{key}.files: a split_binary chunk is one file; expected 1 file, "
                 f"got {len(chunk.files)}: {list(chunk.files)}"
