@@ -87,6 +87,12 @@ flags.DEFINE_integer(
     _D("cross_layer_projection_dim"),
     "Rank of each cross layer's weight matrix (low-rank projection); 0: full rank.",
 )
+flags.DEFINE_list(
+    "pooling",
+    list(_D("pooling")),
+    "How a multi-hot row's vectors are pooled, sum or mean: one for every table, or a "
+    "comma-separated one per table.",
+)
 flags.DEFINE_enum(
     "sharding_strategy",
     _D("sharding_strategy"),

@@ -132,7 +132,9 @@ class SplitBinaryFiles:
                 offsets = self.offsets[name].memmap()
                 for start in range(0, len(offsets) - 1, _CHECK_CHUNK_ROWS):
                     stop = min(start + _CHECK_CHUNK_ROWS, len(offsets) - 1)
-                    check_offset_rows(np.asarray(offsets[start : stop + 1]), start, self.offsets[name])
+                    check_offset_rows(
+                        np.asarray(offsets[start : stop + 1]), start, self.offsets[name]
+                    )
             check_ids_in_range(self.categorical[name], categorical[table[name]], table[name])
 
 

@@ -32,7 +32,7 @@ import numpy as np
 import tensorflow as tf
 
 from dataloading.errors import DatasetError
-from dataloading.files import SplitBinaryFiles, check_id_rows
+from dataloading.files import RaggedIds, SplitBinaryFiles, check_id_rows, check_offset_rows
 from feature_spec import FeatureSpec
 
 T = TypeVar("T")
@@ -59,9 +59,10 @@ class Batch(NamedTuple):
     Attributes:
         numerical: [L, n_numerical] float32.
         categorical: [B, T] ids when every table read is one-hot, else a tuple
-            of T tensors [B, hotness_t]; B is G (model-parallel) or L. int32,
-            or int64 when any categorical feature of the dataset is stored as
-            int64 (the same on every rank).
+            of T tensors [B, hotness_t], where a variable-length table's is a
+            `tf.RaggedTensor` [B, None] (int64 row lengths); B is G
+            (model-parallel) or L. int32, or int64 when any categorical feature
+            of the dataset is stored as int64 (the same on every rank).
         label: [L, 1] float32.
         weight: [L, 1] float32, 1 for real rows and 0 for padding.
     """
@@ -190,6 +191,8 @@ class SplitBinaryDataset:
                 maps["numerical"] = self.files.numerical.memmap()
             for feature in self.table_features:
                 maps[feature.name] = self.files.categorical[feature.name].memmap()
+                if feature.is_variable_length:
+                    maps[_offsets_key(feature.name)] = self.files.offsets[feature.name].memmap()
             self._maps = maps
         return self._maps
 
@@ -222,14 +225,19 @@ class SplitBinaryDataset:
             cat_start, cat_rows = global_start, shard.global_batch_size
         else:
             cat_start, cat_rows = local_start, local
-        columns = [_rows(maps[f.name], cat_start, cat_rows) for f in self.table_features]
+        columns = [self._read_ids(f, cat_start, cat_rows) for f in self.table_features]
         if self.check_batch_ids:
-            # Padding rows past the end of the file are id 0: always in range.
+            # Padding rows past the end of the file are id 0 (or empty): in range.
             for table, feature, column in zip(
                 self.tables, self.table_features, columns, strict=True
             ):
                 file = self.files.categorical[feature.name]
-                check_id_rows(column, cat_start, file, feature, table)
+                if isinstance(column, RaggedIds):
+                    # The ids of a variable-length row sit at its offset, not its row:
+                    # the message names the row found by the offsets.
+                    _check_ragged_ids(column, cat_start, file, feature, table)
+                else:
+                    check_id_rows(column, cat_start, file, feature, table)
         categorical: Any
         if self._one_hot:
             categorical = np.empty((cat_rows, len(columns)), self.id_dtype)
@@ -237,10 +245,28 @@ class SplitBinaryDataset:
                 categorical[:, i] = column
         else:
             categorical = tuple(
-                c.astype(self.id_dtype).reshape(cat_rows, f.hotness)
+                RaggedIds(c.values.astype(self.id_dtype), c.row_lengths)
+                if isinstance(c, RaggedIds)
+                else c.astype(self.id_dtype).reshape(cat_rows, f.hotness)
                 for c, f in zip(columns, self.table_features, strict=True)
             )
         return Batch(numerical=numerical, categorical=categorical, label=label, weight=weight)
+
+    def _read_ids(self, feature: Any, start: int, count: int) -> np.ndarray | RaggedIds:
+        """Rows [start, start + count) of a table's ids: [count] or [count, h],
+        or a variable-length table's `RaggedIds` (rows past the end empty)."""
+        maps = self._memmaps()
+        if not feature.is_variable_length:
+            return _rows(maps[feature.name], start, count)
+        offsets_map = maps[_offsets_key(feature.name)]
+        stop = min(start + count, self.rows)
+        offsets = np.asarray(offsets_map[min(start, self.rows) : stop + 1])
+        if self.check_batch_ids:
+            check_offset_rows(offsets, start, self.files.offsets[feature.name])
+        lengths = np.zeros(count, np.int64)
+        lengths[: len(offsets) - 1] = np.diff(offsets)
+        values = np.asarray(maps[feature.name][offsets[0] : offsets[-1]])
+        return RaggedIds(values, lengths)
 
     # ---------------------------------------------------------------- tf.data
 
@@ -260,27 +286,56 @@ class SplitBinaryDataset:
         cat_rows = self.categorical_batch_size
         n_num = len(self.spec.numerical_features)
         n_tables = len(self.table_features)
-        if self._one_hot:
-            cat_shapes: list[tuple[int, ...]] = [(cat_rows, n_tables)]
-        else:
-            cat_shapes = [(cat_rows, f.hotness) for f in self.table_features]
-        shapes = [(local, n_num), *cat_shapes, (local, 1), (local, 1)]
         ids = tf.as_dtype(self.id_dtype)
-        dtypes = [tf.float32] + [ids] * len(cat_shapes) + [tf.float32, tf.float32]
+        # Flat tensors of the categorical part: a variable-length table is two,
+        # its ids [n] and its row lengths [B].
+        cat_shapes: list[tuple[int | None, ...]] = []
+        cat_dtypes: list[tf.DType] = []
+        if self._one_hot:
+            cat_shapes, cat_dtypes = [(cat_rows, n_tables)], [ids]
+        else:
+            for feature in self.table_features:
+                if feature.is_variable_length:
+                    cat_shapes += [(None,), (cat_rows,)]
+                    cat_dtypes += [ids, tf.int64]
+                else:
+                    cat_shapes.append((cat_rows, feature.hotness))
+                    cat_dtypes.append(ids)
+        shapes = [(local, n_num), *cat_shapes, (local, 1), (local, 1)]
+        dtypes = [tf.float32, *cat_dtypes, tf.float32, tf.float32]
 
         def read(index: np.ndarray) -> list[np.ndarray]:
             try:
                 batch = self.read_batch(int(index))
             except DatasetError as error:
                 raise DatasetError(f"{_ERROR_START}{error}{_ERROR_END}") from error
-            cats = [batch.categorical] if self._one_hot else list(batch.categorical)
+            cats: list[np.ndarray] = []
+            if self._one_hot:
+                cats.append(batch.categorical)
+            else:
+                for column in batch.categorical:
+                    cats += list(column) if isinstance(column, RaggedIds) else [column]
             return [batch.numerical, *cats, batch.label, batch.weight]
 
         def to_batch(index: tf.Tensor) -> Batch:
             flat = tf.numpy_function(read, [index], dtypes, stateful=False)
             for tensor, shape in zip(flat, shapes, strict=True):
                 tensor.set_shape(shape)
-            cats = flat[1] if self._one_hot else tuple(flat[1 : 1 + len(cat_shapes)])
+            cats: Any
+            if self._one_hot:
+                cats = flat[1]
+            else:
+                parts = iter(flat[1 : 1 + len(cat_shapes)])
+                columns = []
+                for feature in self.table_features:
+                    if feature.is_variable_length:
+                        values, lengths = next(parts), next(parts)
+                        columns.append(
+                            tf.RaggedTensor.from_row_lengths(values, lengths, validate=False)
+                        )
+                    else:
+                        columns.append(next(parts))
+                cats = tuple(columns)
             return Batch(numerical=flat[0], categorical=cats, label=flat[-2], weight=flat[-1])
 
         dataset = tf.data.Dataset.range(start, self.num_batches)
@@ -294,6 +349,19 @@ class SplitBinaryDataset:
             DatasetError: as `read_batch` (e.g. an id out of range), with its message.
         """
         return raise_dataset_errors(self.to_tf_dataset(start=start))
+
+
+def categorical_tensors(categorical: Any) -> Any:
+    """`read_batch`'s numpy ids as the model takes them (what `to_tf_dataset`
+    gives): a variable-length table's `RaggedIds` become a `tf.RaggedTensor`."""
+    if not isinstance(categorical, (tuple, list)):
+        return tf.convert_to_tensor(categorical)
+    return tuple(
+        tf.RaggedTensor.from_row_lengths(c.values, c.row_lengths)
+        if isinstance(c, RaggedIds)
+        else tf.convert_to_tensor(c)
+        for c in categorical
+    )
 
 
 def raise_dataset_errors(elements: Iterable[T]) -> Iterator[T]:
@@ -317,6 +385,28 @@ def raise_dataset_errors(elements: Iterable[T]) -> Iterator[T]:
             # The TensorFlow error adds only TensorFlow's frames around the message.
             raise DatasetError(found.group(1)) from None
         yield element
+
+
+def _offsets_key(name: str) -> str:
+    return f"{name}/offsets"
+
+
+def _check_ragged_ids(ids: RaggedIds, first_row: int, file: Any, feature: Any, table: int) -> None:
+    """`check_id_rows` for a variable-length table: one min and one max of the
+    ids; on a bad id, the row that holds it is named (and its ids listed)."""
+    cardinality = int(feature.cardinality)
+    values = ids.values
+    if values.size == 0 or (values.min() >= 0 and values.max() < cardinality):
+        return
+    position = int(np.flatnonzero((values < 0) | (values >= cardinality))[0])
+    offsets = ids.offsets()
+    row = int(np.searchsorted(offsets, position, side="right")) - 1
+    row_ids = values[offsets[row] : offsets[row + 1]]
+    raise DatasetError(
+        f"{file.path}: table {table} (feature {feature.name!r}) row {first_row + row}: "
+        f"expected ids in [0, {cardinality}), got {int(values[position])} "
+        f"(ids of the row: {row_ids.tolist()})"
+    )
 
 
 def _rows(data: np.ndarray, start: int, count: int) -> np.ndarray:

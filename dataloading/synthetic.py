@@ -2,12 +2,16 @@
 
     python -m dataloading.synthetic --output_dir data/ --train_rows 1000000 \
         --test_rows 100000 [--shape criteo_small|mlperf_dcnv2|mlperf_dcnv2_small] \
-        [--cardinalities 1000,20,...] [--hotness 3,2,...] [--num_numerical 13]
+        [--cardinalities 1000,20,...] [--hotness 3,0,...] [--num_numerical 13] \
+        [--max_variable_hotness 8]
 
 `--shape` picks the tables: 26 small Criteo-like one-hot tables (the default),
 MLPerf DLRM-DCNv2's (the Criteo 1TB cardinalities capped at 40M, with its
 multi-hot sizes), or the same multi-hot sizes over tables capped at
-`SMALL_TABLE_ROWS` rows, which train on a 2-core machine.
+`SMALL_TABLE_ROWS` rows, which train on a 2-core machine. Hotness 0 is a
+variable-length table (`hotness: variable`): each row has a uniform number of
+ids in [0, --max_variable_hotness], empty rows included, stored as the ids and
+their int64 row offsets.
 
 Rows are generated and written in chunks, so 100M rows need little memory. The
 dataset is written into a temporary directory beside `output_dir` and renamed
@@ -26,6 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
+from dataloading.files import RaggedIds
 from dataloading.teacher import FeatureSampler, Teacher
 from feature_spec import (
     CRITEO_1TB_MLPERF_CARDINALITIES,
@@ -71,13 +76,16 @@ def generate_split_binary(
     overwrite: bool = False,
     progress: Callable[[str], None] | None = None,
     id_dtype: str | None = None,
+    max_variable_hotness: int = 8,
 ) -> FeatureSpec:
     """Writes a split-binary dataset with `feature_spec.yaml` into `output_dir`.
 
     Args:
         cardinalities: rows of each categorical table.
         rows: rows per mapping; default {"train": 100_000, "test": 20_000}.
-        hotness: ids per row for each table (default 1 everywhere).
+        hotness: ids per row for each table (default 1 everywhere); 0 is a
+            variable-length table, with a uniform number of ids per row in
+            [0, max_variable_hotness].
         exponent: power-law exponent of id frequencies (0 = uniform).
         positive_rate: the share of label 1 the teacher is calibrated to.
         seed: everything (teacher, features, labels) follows from it.
@@ -85,6 +93,7 @@ def generate_split_binary(
         overwrite: replace an existing `output_dir`; otherwise it is an error.
         id_dtype: the stored dtype of every table's ids (e.g. "int64"); by
             default the smallest that holds each table's cardinality.
+        max_variable_hotness: the most ids of a row of a variable-length table.
 
     Returns:
         The FeatureSpec of the written dataset (its metadata records the
@@ -100,15 +109,33 @@ def generate_split_binary(
             f"hotness: expected one value per table ({len(cardinalities)}), "
             f"got {len(hotness)}: {','.join(map(str, hotness))}"
         )
-    sampler = FeatureSampler(num_numerical, tuple(cardinalities), hotness, exponent)
+    if any(hot < 0 for hot in hotness):
+        raise FeatureSpecError(
+            f"hotness: expected ids per row >= 1, or 0 for a variable-length table, "
+            f"got {','.join(map(str, hotness))}"
+        )
+    if max_variable_hotness < 1:
+        raise FeatureSpecError(
+            f"max_variable_hotness: expected an int >= 1, got {max_variable_hotness}"
+        )
+    sampler = FeatureSampler(
+        num_numerical,
+        tuple(cardinalities),
+        hotness,
+        exponent,
+        max_variable_hotness=max_variable_hotness,
+    )
     teacher = build_teacher(sampler, seed, positive_rate)
-    metadata = {
+    metadata: dict[str, object] = {
         "generator": "dataloading.synthetic",
         "seed": seed,
         "exponent": exponent,
         "positive_rate": positive_rate,
         "teacher_bias": teacher.bias,
     }
+    # Only where it matters, so that fixed-hotness specs read as before.
+    if 0 in hotness:
+        metadata["max_variable_hotness"] = max_variable_hotness
     # Everything is validated before anything is written.
     staging = start_staging(output, overwrite=overwrite)
     spec = build_split_binary_spec(
@@ -150,7 +177,8 @@ def _write_mapping(
     files = spec.files(mapping)
     files.label.parent.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(stream)
-    dtypes = [np.dtype(f.dtype) for f in spec.categorical_features]
+    features = spec.categorical_features
+    dtypes = [np.dtype(f.dtype) for f in features]
     start = time.monotonic()
     with contextlib.ExitStack() as stack:
         label_out = stack.enter_context(open(files.label, "wb"))
@@ -158,6 +186,16 @@ def _write_mapping(
             stack.enter_context(open(files.numerical, "wb")) if files.numerical else None
         )
         id_outs = [stack.enter_context(open(p, "wb")) for p in files.categorical.values()]
+        # A variable-length table's offsets are global over the mapping: the file
+        # starts with 0 and each chunk's offsets continue from the ids written.
+        offset_outs = {
+            t: stack.enter_context(open(files.offsets[f.name], "wb"))
+            for t, f in enumerate(features)
+            if f.is_variable_length
+        }
+        ids_written = dict.fromkeys(offset_outs, 0)
+        for out in offset_outs.values():
+            out.write(np.zeros(1, dtype=np.int64).tobytes())
         for done in range(0, count, chunk_rows):
             n = min(chunk_rows, count - done)
             raw = sampler.sample(rng, n)
@@ -168,8 +206,14 @@ def _write_mapping(
             label_out.write(labels.astype(np.bool_).tobytes())
             if numerical_out is not None:
                 numerical_out.write(numerical.astype(np.float16).tobytes())
-            for out, ids, dtype in zip(id_outs, raw.ids, dtypes, strict=True):
-                out.write(ids.astype(dtype).tobytes())
+            for table, (out, ids, dtype) in enumerate(zip(id_outs, raw.ids, dtypes, strict=True)):
+                if isinstance(ids, RaggedIds):
+                    out.write(ids.values.astype(dtype).tobytes())
+                    offsets = ids.offsets()[1:] + ids_written[table]
+                    offset_outs[table].write(offsets.astype(np.int64).tobytes())
+                    ids_written[table] += len(ids.values)
+                else:
+                    out.write(ids.astype(dtype).tobytes())
             if progress is not None:
                 rate = (done + n) / max(time.monotonic() - start, 1e-9)
                 progress(f"[synthetic] {mapping}: {done + n:,}/{count:,} rows ({rate:,.0f} rows/s)")
@@ -196,7 +240,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--cardinalities", type=_int_list, default=None, help="comma-separated table sizes"
     )
     parser.add_argument(
-        "--hotness", type=_int_list, default=None, help="comma-separated ids per row per table"
+        "--hotness",
+        type=_int_list,
+        default=None,
+        help="comma-separated ids per row per table; 0 is a variable number of ids per row",
+    )
+    parser.add_argument(
+        "--max_variable_hotness",
+        type=int,
+        default=8,
+        help="the most ids of a row of a variable-length table (--hotness 0)",
     )
     parser.add_argument("--num_numerical", type=int, default=13)
     parser.add_argument("--exponent", type=float, default=1.1)
@@ -235,6 +288,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             overwrite=args.overwrite,
             progress=lambda line: print(line, file=sys.stderr),
             id_dtype=args.id_dtype,
+            max_variable_hotness=args.max_variable_hotness,
         )
     except FeatureSpecError as error:
         parser.error(str(error))

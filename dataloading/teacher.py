@@ -7,7 +7,9 @@ effects of categorical values, pairwise products of two tables' effects (what a
 dot interaction can represent) and smooth functions of log-transformed counts.
 
 Per-id effects come from a hash of (table, id), so tables of 40M rows need no
-memory. Pure numpy.
+memory. A row with several ids of a table (multi-hot, or variable-length as
+`RaggedIds`) has the mean of their effects; a row with none has effect 0. Pure
+numpy.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ import dataclasses
 from collections.abc import Sequence
 
 import numpy as np
+
+from dataloading.files import RaggedIds
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _SQRT3 = float(np.sqrt(3.0))
@@ -61,7 +65,14 @@ def power_law_ids(
 @dataclasses.dataclass(frozen=True)
 class FeatureSampler:
     """Samples raw rows: non-negative counts (with some negatives and missing values
-    as in Criteo's integer columns) and power-law categorical ids."""
+    as in Criteo's integer columns) and power-law categorical ids.
+
+    Attributes:
+        hotness: ids per row per table; 0 is a variable-length table, whose rows
+            have a uniform number of ids in [0, max_variable_hotness] (empty rows
+            included).
+        max_variable_hotness: the most ids of a row of a variable-length table.
+    """
 
     num_numerical: int
     cardinalities: tuple[int, ...]
@@ -69,6 +80,20 @@ class FeatureSampler:
     exponent: float = 1.1
     missing_numerical: float = 0.1
     missing_categorical: float = 0.03
+    max_variable_hotness: int = 8
+
+    def __post_init__(self) -> None:
+        if len(self.hotness) != len(self.cardinalities):
+            raise ValueError(
+                f"hotness: expected one value per table ({len(self.cardinalities)}), "
+                f"got {len(self.hotness)}"
+            )
+        if any(hot < 0 for hot in self.hotness):
+            raise ValueError(f"hotness: expected values >= 0, got {list(self.hotness)}")
+        if self.max_variable_hotness < 1:
+            raise ValueError(
+                f"max_variable_hotness: expected an int >= 1, got {self.max_variable_hotness}"
+            )
 
     def sample(self, rng: np.random.Generator, rows: int) -> RawRows:
         # Counts: a log-normal per column, floored; the second column may go
@@ -79,11 +104,16 @@ class FeatureSampler:
         if self.num_numerical > 1:
             counts[:, 1] -= rng.integers(0, 3, size=rows) * (rng.random(rows) < 0.1)
         numerical_missing = rng.random((rows, self.num_numerical)) < self.missing_numerical
-        ids = []
+        ids: list[np.ndarray | RaggedIds] = []
         categorical_missing = []
         for cardinality, hot in zip(self.cardinalities, self.hotness, strict=True):
-            shape = (rows,) if hot == 1 else (rows, hot)
-            ids.append(power_law_ids(rng, cardinality, shape, self.exponent))
+            if hot == 0:
+                lengths = rng.integers(0, self.max_variable_hotness + 1, size=rows)
+                values = power_law_ids(rng, cardinality, int(lengths.sum()), self.exponent)
+                ids.append(RaggedIds(values, lengths.astype(np.int64)))
+            else:
+                shape = (rows,) if hot == 1 else (rows, hot)
+                ids.append(power_law_ids(rng, cardinality, shape, self.exponent))
             categorical_missing.append(rng.random(rows) < self.missing_categorical)
         return RawRows(counts, numerical_missing, ids, categorical_missing)
 
@@ -92,7 +122,7 @@ class FeatureSampler:
 class RawRows:
     counts: np.ndarray  # [N, n_num] int64, may be negative
     numerical_missing: np.ndarray  # [N, n_num] bool
-    ids: list[np.ndarray]  # per table [N] or [N, hotness] int64
+    ids: list[np.ndarray | RaggedIds]  # per table [N], [N, hotness] or ragged, int64
     categorical_missing: list[np.ndarray]  # per table [N] bool
 
     def numerical_features(self) -> np.ndarray:
@@ -132,19 +162,30 @@ class Teacher:
         centers = tuple(float(c) for c in rng.uniform(1.0, 3.0, size=num_numerical))
         return cls(keys, scales, tuple(pairs), weights, centers)
 
-    def id_effects(self, table: int, ids: np.ndarray) -> np.ndarray:
-        """[N] effect per row; multi-hot rows ([N, h]) average their ids' effects."""
+    def id_effects(self, table: int, ids: np.ndarray | RaggedIds) -> np.ndarray:
+        """[N] effect per row; multi-hot rows ([N, h]) and variable-length rows
+        (`RaggedIds` of N rows) average their ids' effects, an empty row is 0."""
+        if isinstance(ids, RaggedIds):
+            effects = hashed_uniform(ids.values, self.table_keys[table])
+            lengths = np.asarray(ids.row_lengths, dtype=np.int64)
+            # bincount over each id's row, not reduceat: reduceat would give an
+            # empty row the next row's first effect.
+            rows = np.repeat(np.arange(len(lengths)), lengths)
+            sums = np.bincount(rows, weights=effects, minlength=len(lengths))
+            return sums / np.maximum(lengths, 1)
         effects = hashed_uniform(ids, self.table_keys[table])
         return effects if effects.ndim == 1 else effects.mean(axis=1)
 
     def logits(
         self,
         numerical: np.ndarray,
-        ids: Sequence[np.ndarray],
+        ids: Sequence[np.ndarray | RaggedIds],
         categorical_missing: Sequence[np.ndarray] | None = None,
     ) -> np.ndarray:
         """[N] float64 logits for rows of numerical features ([N, n_num], already
-        log-transformed) and categorical ids (per table [N] or [N, h])."""
+        log-transformed) and categorical ids (per table [N], [N, h] or `RaggedIds`
+        of N rows); a missing categorical value (`categorical_missing`, per table
+        [N] bool) has effect 0."""
         rows = numerical.shape[0]
         out = np.full(rows, self.bias)
         if numerical.shape[1]:

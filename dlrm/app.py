@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
 import time
 from pathlib import Path
 from typing import Any, TextIO
@@ -70,6 +71,7 @@ def model_config_for(spec: FeatureSpec, config: RunConfig) -> ModelConfig:
             interaction=config.interaction,
             num_cross_layers=config.num_cross_layers if cross else 0,
             cross_layer_projection_dim=config.cross_layer_projection_dim if cross else 0,
+            pooling=config.pooling,
         )
     except ValueError as error:
         raise ConfigError(str(error)) from error
@@ -116,6 +118,28 @@ class Session:
         return ShardSpec(global_batch_size, self.collectives.rank, world, tables, input_mode)
 
 
+def planning_hotness(spec: FeatureSpec) -> tuple[int, ...]:
+    """Ids per row per table as the planner costs them: a variable-length
+    table's mean over the first split that opens (train, else test), rounded up."""
+    hotness = spec.hotness
+    if all(hotness):
+        return hotness
+    files = None
+    for mapping in (TRAIN_MAPPING, TEST_MAPPING, *spec.mappings):
+        try:
+            files = SplitBinaryFiles.open(spec, mapping)
+            break
+        except (DatasetError, FeatureSpecError):
+            continue
+    out = []
+    for feature, hot in zip(spec.categorical_features, hotness, strict=True):
+        if hot == 0 and files is not None and files.rows:
+            ids = files.offsets[feature.name].memmap()[-1]
+            hot = math.ceil(int(ids) / files.rows)
+        out.append(max(hot, 1))
+    return tuple(out)
+
+
 def plan_for(
     config: RunConfig, model_config: ModelConfig, spec: FeatureSpec, world_size: int
 ) -> ShardingPlan:
@@ -126,7 +150,7 @@ def plan_for(
         for rows, dim, hotness in zip(
             model_config.cardinalities,
             model_config.embedding_dims,
-            model_config.hotness,
+            planning_hotness(spec),
             strict=True,
         )
     ]
@@ -208,6 +232,8 @@ def build_session(
             data_parallel_input=config.input_mode == "data_parallel",
             # Under --amp the vectors and their gradients cross in 16 bits.
             wire_dtype=precision.compute_dtype,
+            hotness=model_config.hotness,
+            pooling=model_config.poolings,
         )
     model = Dlrm(
         model_config, embeddings=embeddings, dtype_policy=precision.dtype_policy, seed=config.seed

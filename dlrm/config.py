@@ -22,6 +22,7 @@ INPUT_MODES = ("model_parallel", "data_parallel")
 SHARDING_STRATEGIES = ("cost", "memory_balanced", "basic")
 OPTIMIZERS = ("sgd", "adagrad", "adam")
 INTERACTIONS = ("dot", "cross")
+POOLINGS = ("sum", "mean")
 
 
 class ConfigError(ValueError):
@@ -85,6 +86,7 @@ class RunConfig:
     interaction: str = "dot"
     num_cross_layers: int = 3
     cross_layer_projection_dim: int = 512  # 0: full rank
+    pooling: tuple[str, ...] = ("sum",)  # of multi-hot rows: one, or one per table
     # Hybrid parallelism (under horovodrun); thresholds in elements (rows x dim)
     sharding_strategy: str = "cost"
     data_parallel_threshold: int = 8192 * 128
@@ -112,6 +114,8 @@ class RunConfig:
     def __post_init__(self) -> None:
         if isinstance(self.embedding_dim, int):  # one width, given as a number
             object.__setattr__(self, "embedding_dim", (self.embedding_dim,))
+        if isinstance(self.pooling, str):
+            object.__setattr__(self, "pooling", (self.pooling,))
         _validate(self)
 
     # ------------------------------------------------------------------ derived
@@ -221,6 +225,11 @@ def _validate(c: RunConfig) -> None:
             len(dims) > 0 and all(isinstance(d, int) and d > 0 for d in dims),
             f"--{flag}: expected a comma-separated list of positive widths, got {list(dims)}",
         )
+    _require(
+        len(c.pooling) > 0 and all(p in POOLINGS for p in c.pooling),
+        f"--pooling: expected {' or '.join(POOLINGS)}, one for every table or one per table, "
+        f"got {','.join(c.pooling)!r}",
+    )
     check_interaction(
         c.interaction,
         c.embedding_dim,

@@ -4,8 +4,12 @@ The serving signature takes `numerical` float32 [B, n_numerical] and
 `categorical` [B, sum of hotness] (int32, or int64 when a table has more than
 2^31 rows: `serving_id_dtype`) (each table's ids side by side, in the
 FeatureSpec's categorical order; one column per table when all are one-hot) and
-returns `probability` float32 [B, 1]. The exported model computes in float32
-and needs nothing from this project to load: `tf.saved_model.load(path)`.
+returns `probability` float32 [B, 1]. A model with variable-length tables takes
+their ids apart from `categorical` (which then holds only the fixed-hotness
+tables' ids): `multi_hot_lengths` int64 [B, V], each row's number of ids per
+variable-length table (in categorical order), and `multi_hot_values` [n], the
+ids table after table, each table's rows in order. The exported model computes
+in float32 and needs nothing from this project to load: `tf.saved_model.load(path)`.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
+from dataloading.files import RaggedIds
 from dlrm.model import Dlrm
 from feature_spec.staged import staged_directory
 
@@ -34,33 +39,70 @@ class _ServingModule(tf.Module):
         self.weights = [getattr(v, "value", v) for v in model.variables]
         config = model.config
         hotness = tuple(config.hotness)
+        fixed = [h for h in hotness if h]
+        variable = hotness.count(0)
+        id_dtype = serving_id_dtype(tuple(config.cardinalities))
 
-        def serve(numerical: tf.Tensor, categorical: tf.Tensor) -> dict[str, tf.Tensor]:
-            ids: Any
+        def model_ids(categorical: tf.Tensor, values: Any, lengths: Any) -> Any:
             if all(h == 1 for h in hotness):
-                ids = categorical
-            else:
-                ids = tuple(tf.split(categorical, list(hotness), axis=1))
-            return {"probability": tf.sigmoid(model(numerical, ids))}
+                return categorical
+            columns = iter(tf.split(categorical, fixed, axis=1) if fixed else [])
+            if variable:
+                totals = tf.reduce_sum(lengths, axis=0)
+                parts = iter(tf.split(values, totals, num=variable))
+                ragged = iter(
+                    tf.RaggedTensor.from_row_lengths(next(parts), lengths[:, k])
+                    for k in range(variable)
+                )
+            return tuple(next(ragged) if h == 0 else next(columns) for h in hotness)
 
-        self.serve = tf.function(
-            serve,
-            input_signature=[
-                tf.TensorSpec([None, config.num_numerical], tf.float32, name="numerical"),
-                tf.TensorSpec(
-                    [None, int(sum(config.hotness))],
-                    serving_id_dtype(tuple(config.cardinalities)),
-                    name="categorical",
-                ),
-            ],
+        signature = [
+            tf.TensorSpec([None, config.num_numerical], tf.float32, name="numerical"),
+            tf.TensorSpec([None, int(sum(hotness))], id_dtype, name="categorical"),
+        ]
+        if variable:
+            signature += [
+                tf.TensorSpec([None], id_dtype, name="multi_hot_values"),
+                tf.TensorSpec([None, variable], tf.int64, name="multi_hot_lengths"),
+            ]
+
+            def serve_variable(
+                numerical: tf.Tensor,
+                categorical: tf.Tensor,
+                multi_hot_values: tf.Tensor,
+                multi_hot_lengths: tf.Tensor,
+            ) -> dict[str, tf.Tensor]:
+                ids = model_ids(categorical, multi_hot_values, multi_hot_lengths)
+                return {"probability": tf.sigmoid(model(numerical, ids))}
+
+            self.serve = tf.function(serve_variable, input_signature=signature)
+        else:
+
+            def serve(numerical: tf.Tensor, categorical: tf.Tensor) -> dict[str, tf.Tensor]:
+                ids = model_ids(categorical, None, None)
+                return {"probability": tf.sigmoid(model(numerical, ids))}
+
+            self.serve = tf.function(serve, input_signature=signature)
+
+
+def serving_inputs(categorical: Any, cardinalities: tuple[int, ...]) -> dict[str, np.ndarray]:
+    """Loader-format ids (`SplitBinaryDataset.read_batch`: [B, T], or a tuple of
+    [B, h] and `RaggedIds`) -> the signature's id inputs."""
+    dtype = serving_id_dtype(cardinalities).as_numpy_dtype
+    if not isinstance(categorical, (tuple, list)):
+        return {"categorical": np.asarray(categorical, dtype)}
+    fixed = [np.asarray(c) for c in categorical if not isinstance(c, RaggedIds)]
+    ragged = [c for c in categorical if isinstance(c, RaggedIds)]
+    rows = len(ragged[0].row_lengths) if ragged else len(fixed[0])
+    out = {
+        "categorical": (np.concatenate(fixed, axis=1) if fixed else np.zeros((rows, 0))).astype(
+            dtype
         )
-
-
-def split_categorical(categorical: Any, hotness: tuple[int, ...]) -> np.ndarray:
-    """Loader-format ids ([B, T] or a tuple of [B, h]) -> the signature's [B, sum h]."""
-    if isinstance(categorical, (tuple, list)):
-        return np.concatenate([np.asarray(c) for c in categorical], axis=1).astype(np.int32)
-    return np.asarray(categorical, np.int32)
+    }
+    if ragged:
+        out["multi_hot_values"] = np.concatenate([c.values for c in ragged]).astype(dtype)
+        out["multi_hot_lengths"] = np.stack([c.row_lengths for c in ragged], 1).astype(np.int64)
+    return out
 
 
 def export_saved_model(model: Dlrm, output: str | os.PathLike[str]) -> Path:

@@ -15,7 +15,7 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from dlrm.config import check_interaction
+from dlrm.config import POOLINGS, check_interaction
 from dlrm.embedding.local import LocalEmbeddings
 from dlrm.interaction import CrossInteraction, DotInteraction
 
@@ -27,6 +27,7 @@ LEGACY_VALUES: dict[str, Any] = {
     "interaction": "dot",
     "num_cross_layers": 0,
     "cross_layer_projection_dim": 0,
+    "pooling": "sum",
 }
 
 
@@ -37,7 +38,9 @@ class ModelConfig:
     `embedding_dim` is one width for every table, or one per table (`cross`
     only; a tuple of equal widths is stored as the one width). The cross fields
     are 0 for the `dot` interaction, which has no cross layers;
-    `cross_layer_projection_dim` 0 means full-rank cross layers.
+    `cross_layer_projection_dim` 0 means full-rank cross layers. `hotness` is
+    ids per row per table, 0 for a variable number; `pooling` ("sum" or "mean",
+    one, or one per table) how a row's vectors are pooled.
     """
 
     num_numerical: int
@@ -49,8 +52,21 @@ class ModelConfig:
     interaction: str = "dot"
     num_cross_layers: int = 0
     cross_layer_projection_dim: int = 0
+    pooling: str | tuple[str, ...] = "sum"
 
     def __post_init__(self) -> None:
+        pooling = self.pooling
+        if isinstance(pooling, (tuple, list)):
+            if len(pooling) not in (1, len(self.cardinalities)):
+                raise ValueError(
+                    f"--pooling: expected one value or one per table (the FeatureSpec has "
+                    f"{len(self.cardinalities)} categorical features), got {len(pooling)}: "
+                    f"{','.join(pooling)}"
+                )
+            pooling = pooling[0] if len(set(pooling)) == 1 else tuple(pooling)
+            object.__setattr__(self, "pooling", pooling)
+        if any(p not in POOLINGS for p in self.poolings):
+            raise ValueError(f"--pooling: expected sum or mean, got {self.pooling}")
         dims = self.embedding_dim
         if isinstance(dims, (tuple, list)):
             if len(dims) not in (1, len(self.cardinalities)):
@@ -95,6 +111,13 @@ class ModelConfig:
         if isinstance(self.embedding_dim, tuple):
             return self.embedding_dim
         return (self.embedding_dim,) * len(self.cardinalities)
+
+    @property
+    def poolings(self) -> tuple[str, ...]:
+        """How each table pools a row's vectors."""
+        if isinstance(self.pooling, tuple):
+            return self.pooling
+        return (self.pooling,) * len(self.cardinalities)
 
     @property
     def interaction_width(self) -> int:
@@ -175,7 +198,11 @@ class Dlrm(keras.Model):
         self.dtype_policy_name = dtype_policy
         self.bottom_mlp = mlp(config.bottom_mlp_dims, "bottom_mlp", dtype_policy=dtype_policy)
         self.embeddings = embeddings or LocalEmbeddings(
-            config.cardinalities, config.embedding_dims, seed=seed, hotness=config.hotness
+            config.cardinalities,
+            config.embedding_dims,
+            seed=seed,
+            hotness=config.hotness,
+            pooling=config.poolings,
         )
         if tuple(self.embeddings.dims) != config.embedding_dims:
             raise ValueError(

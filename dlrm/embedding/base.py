@@ -23,11 +23,37 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from dlrm.config import POOLINGS
 from dlrm.embedding.initializer import initial_table_values
 from dlrm.embedding.shard import TableShard
 
 # Rows are written into table variables in chunks of at most this many bytes.
 CHUNK_BYTES = 64 << 20
+
+
+def pooled_lookup(variable: Any, ids: Any, pooling: str = "sum") -> tf.Tensor:
+    """Pooled rows [B, width] of `variable` for ids [B, hotness] or a
+    `tf.RaggedTensor` [B, None] (a variable-length table; an empty row pools
+    to zeros). Fixed hotness stays one gather and one reduction."""
+    if isinstance(ids, tf.RaggedTensor):
+        found = tf.gather(variable, ids.values)
+        sums = tf.math.unsorted_segment_sum(found, ids.value_rowids(), ids.nrows())
+    else:
+        sums = tf.reduce_sum(tf.gather(variable, ids), axis=1)
+    return pool(sums, ids, pooling)
+
+
+def pool(sums: tf.Tensor, ids: Any, pooling: str) -> tf.Tensor:
+    """`sums` [B, width] of each row's looked-up vectors, pooled as `pooling`
+    says: as they are, or divided by the row's number of ids (all of them, also
+    those another rank's row range holds; an empty row stays zeros)."""
+    if pooling == "sum":
+        return sums
+    if isinstance(ids, tf.RaggedTensor):
+        counts = tf.cast(tf.maximum(ids.row_lengths(), 1), sums.dtype)[:, None]
+        return sums / counts
+    hotness = ids.shape[1] if ids.shape.rank == 2 else 1
+    return sums / float(hotness) if hotness != 1 else sums
 
 
 def resource_variable(variable: Any) -> tf.Variable:
@@ -56,9 +82,11 @@ class Embeddings(keras.layers.Layer):
     """Base of the embeddings layers: float32 tables [rows_t, D_t].
 
     Args:
-        cardinalities, dims, hotness: per table.
+        cardinalities, dims, hotness: per table; hotness 0 is a variable number
+            of ids per row (the ids arrive as a `tf.RaggedTensor`).
         seed: seeds `initial_table_values`, so that a shard created by itself
             holds the values of the same slice of the whole table.
+        pooling: per table, "sum" or "mean" of a row's vectors (default sum).
     """
 
     def __init__(
@@ -67,6 +95,7 @@ class Embeddings(keras.layers.Layer):
         dims: Sequence[int],
         hotness: Sequence[int],
         seed: int = 0,
+        pooling: Sequence[str] | None = None,
         **kwargs: Any,
     ) -> None:
         kwargs.setdefault("name", "embeddings")
@@ -78,6 +107,12 @@ class Embeddings(keras.layers.Layer):
             raise ValueError(
                 f"embeddings: expected one cardinality, width and hotness per table, got "
                 f"{len(self.cardinalities)}, {len(self.dims)} and {len(self.hotness)}"
+            )
+        self.pooling = tuple(pooling) if pooling is not None else ("sum",) * len(self.dims)
+        if len(self.pooling) != len(self.dims) or not set(self.pooling) <= set(POOLINGS):
+            raise ValueError(
+                f"pooling: expected one of {list(POOLINGS)} per table ({len(self.dims)}), "
+                f"got {list(self.pooling)}"
             )
         # Table t's columns in the output: [offsets[t], offsets[t] + dims[t]).
         self.offsets = tuple(int(sum(self.dims[:t])) for t in range(len(self.dims)))
@@ -110,9 +145,13 @@ class Embeddings(keras.layers.Layer):
 
     @staticmethod
     def ids_by_table(ids: Any, tables: Sequence[int]) -> dict[int, tf.Tensor]:
-        """The loader's ids ([B, n] one-hot, or a tuple of [B, hotness]) by table."""
+        """The loader's ids ([B, n] one-hot, or a tuple of [B, hotness] or
+        `tf.RaggedTensor` [B, None]) by table."""
         if isinstance(ids, (tuple, list)):
-            return {t: tf.convert_to_tensor(x) for t, x in zip(tables, ids, strict=True)}
+            return {
+                t: x if isinstance(x, tf.RaggedTensor) else tf.convert_to_tensor(x)
+                for t, x in zip(tables, ids, strict=True)
+            }
         return {t: ids[:, i : i + 1] for i, t in enumerate(tables)}
 
     # ----------------------------------------------------------------- views
@@ -161,4 +200,6 @@ class Embeddings(keras.layers.Layer):
 
     def default_local_rows(self, ids: Any) -> Any:
         first = ids[0] if isinstance(ids, (tuple, list)) else ids
+        if isinstance(first, tf.RaggedTensor):
+            return first.nrows(out_type=tf.int32)
         return tf.shape(first)[0]

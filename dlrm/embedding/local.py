@@ -7,7 +7,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from dlrm.embedding.base import Embeddings
+from dlrm.embedding.base import Embeddings, pooled_lookup
 from dlrm.embedding.shard import ShardingKind, TableShard
 
 
@@ -15,11 +15,13 @@ class LocalEmbeddings(Embeddings):
     """One float32 variable [rows_t, D_t] per table, on this process.
 
     Initialised by `initial_table_values` (uniform in +-sqrt(1 / rows), as the
-    reference DLRM). Multi-hot rows are pooled by sum.
+    reference DLRM). Multi-hot rows are pooled by sum or mean (`pooling`, per
+    table).
 
     Call with ids [B, T] int32 (all one-hot) or a sequence of T tensors
-    [B, hotness_t]; returns [B, sum of D_t] float32, the tables' vectors side
-    by side. `dims` is one width for every table or one per table. Gradients with respect to the
+    [B, hotness_t] or `tf.RaggedTensor` [B, None] (variable length); returns
+    [B, sum of D_t] float32, the tables' vectors side by side. `dims` is one
+    width for every table or one per table. Gradients with respect to the
     tables are `tf.IndexedSlices` (rows looked up), which the optimizers apply
     sparsely.
     """
@@ -30,11 +32,14 @@ class LocalEmbeddings(Embeddings):
         dims: int | Sequence[int],
         seed: int = 0,
         hotness: Sequence[int] | None = None,
+        pooling: Sequence[str] | None = None,
         **kwargs: Any,
     ) -> None:
         tables = len(cardinalities)
         widths = [dims] * tables if isinstance(dims, int) else list(dims)
-        super().__init__(cardinalities, widths, hotness or [1] * tables, seed=seed, **kwargs)
+        super().__init__(
+            cardinalities, widths, hotness or [1] * tables, seed=seed, pooling=pooling, **kwargs
+        )
         self.shards = [
             TableShard(t, ShardingKind.TABLE_WISE, 0, (0, rows), (0, self.dims[t]))
             for t, rows in enumerate(self.cardinalities)
@@ -52,8 +57,8 @@ class LocalEmbeddings(Embeddings):
     def local_lookup(self, routed: Any, local_rows: Any) -> tf.Tensor:
         if isinstance(routed, (tuple, list)):
             vectors = [
-                tf.reduce_sum(tf.gather(table, table_ids), axis=1)
-                for table, table_ids in zip(self.tables, routed, strict=True)
+                pooled_lookup(table, table_ids, pooling)
+                for table, table_ids, pooling in zip(self.tables, routed, self.pooling, strict=True)
             ]
         else:
             vectors = [tf.gather(table, routed[:, t]) for t, table in enumerate(self.tables)]

@@ -37,22 +37,18 @@ from typing import Any, NamedTuple
 import tensorflow as tf
 
 from dlrm.dist import Collectives
-from dlrm.embedding.base import Embeddings
+from dlrm.embedding.base import Embeddings, pool, pooled_lookup
 from dlrm.embedding.planner import ShardingPlan, TableSpec, replicated_gradient_exchange
 from dlrm.embedding.shard import ShardingKind, TableShard
-
-
-def pooled_lookup(variable: Any, ids: tf.Tensor) -> tf.Tensor:
-    """Sum-pooled rows [B, width] of ids [B, hotness]."""
-    return tf.reduce_sum(tf.gather(variable, ids), axis=1)
 
 
 class ShardPiece:
     """What one sharding kind does in the local lookup and the output distribution."""
 
-    def lookup(self, shard: TableShard, variable: Any, ids: tf.Tensor) -> tf.Tensor:
-        """Pooled vectors [B, shard.width] of the shard, for ids [B, hotness]."""
-        return pooled_lookup(variable, ids)
+    def lookup(self, shard: TableShard, variable: Any, ids: Any, pooling: str) -> tf.Tensor:
+        """Pooled vectors [B, shard.width] of the shard, for ids [B, hotness]
+        or a `tf.RaggedTensor` [B, None]."""
+        return pooled_lookup(variable, ids, pooling)
 
     def combine(self, parts: Sequence[tuple[TableShard, tf.Tensor]]) -> tf.Tensor:
         """A table's [L, D_t] vectors from its shards' received [L, width] parts."""
@@ -82,18 +78,26 @@ class ColumnSlices(ShardPiece):
 class RowRanges(ShardPiece):
     """`row_wise`: partial sums over the ids each range holds."""
 
-    def lookup(self, shard: TableShard, variable: Any, ids: tf.Tensor) -> tf.Tensor:
-        local = ids - shard.rows[0]
+    def lookup(self, shard: TableShard, variable: Any, ids: Any, pooling: str) -> tf.Tensor:
+        flat = ids.values if isinstance(ids, tf.RaggedTensor) else ids
+        local = flat - shard.rows[0]
         inside = tf.logical_and(local >= 0, local < shard.height)
         # Gather only the ids inside the range, so that the gradient lists only rows
         # that were looked up: a zero-gradient entry for an outside id would still
         # move lazy Adam's moments of that row, which one process never touches.
         found = tf.gather(variable, tf.boolean_mask(local, inside))  # [n, width]
-        shape = tf.concat(
-            [tf.shape(ids, out_type=tf.int64), tf.shape(variable, out_type=tf.int64)[1:]], 0
-        )
-        vectors = tf.scatter_nd(tf.where(inside), found, shape)  # [B, hotness, width]
-        return tf.reduce_sum(vectors, axis=1)
+        if isinstance(ids, tf.RaggedTensor):
+            rows = tf.boolean_mask(ids.value_rowids(), inside)
+            sums = tf.math.unsorted_segment_sum(found, rows, ids.nrows())
+        else:
+            shape = tf.concat(
+                [tf.shape(ids, out_type=tf.int64), tf.shape(variable, out_type=tf.int64)[1:]], 0
+            )
+            vectors = tf.scatter_nd(tf.where(inside), found, shape)  # [B, hotness, width]
+            sums = tf.reduce_sum(vectors, axis=1)
+        # Mean: each range divides its partial sum by the row's whole count, so
+        # that the ranges' parts add up to the mean.
+        return pool(sums, ids, pooling)
 
     def combine(self, parts: Sequence[tuple[TableShard, tf.Tensor]]) -> tf.Tensor:
         return tf.add_n([vectors for _, vectors in parts])
@@ -108,11 +112,11 @@ PIECES: dict[ShardingKind, ShardPiece] = {
 
 
 class RoutedIds(NamedTuple):
-    """Step 1's result: ids [G, hotness] per model-parallel table this rank holds
-    shards of, ids [L, hotness] per replicated table, and what the id alltoall
-    received (kept as a dependency: on a rank that holds no shard it is
-    otherwise unused, and tf.function would prune the collective the other
-    ranks wait in)."""
+    """Step 1's result: ids [G, hotness] (or ragged [G, None]) per model-parallel
+    table this rank holds shards of, ids [L, hotness] per replicated table, and
+    what the id alltoall received (kept as a dependency: on a rank that holds no
+    shard it is otherwise unused, and tf.function would prune the collective the
+    other ranks wait in)."""
 
     global_ids: dict[int, tf.Tensor]
     local_ids: dict[int, tf.Tensor]
@@ -134,10 +138,15 @@ class ShardedEmbeddings(Embeddings):
         wire_dtype: what the vectors and their gradients cross the alltoalls
             as: float32, or the 16-bit compute dtype under --amp (half the
             bytes; see `_to_wire`).
+        hotness: ids per row per table, 0 for a variable-length one; by
+            default the plan's (which, for a variable-length table, is only
+            the planner's estimate of its cost).
+        pooling: per table, "sum" or "mean".
 
     Call with the ids the loader gives this rank (`input_tables`, in order):
     [B, n] int32 or int64 when every table read is one-hot, else a tuple of
-    [B, hotness]; and `local_rows` L (needed when the rank reads no table).
+    [B, hotness] or `tf.RaggedTensor` [B, None] (variable length); and
+    `local_rows` L (needed when the rank reads no table).
     Returns [L, sum of D_t] float32 for the rank's local rows.
     """
 
@@ -148,14 +157,17 @@ class ShardedEmbeddings(Embeddings):
         seed: int = 0,
         data_parallel_input: bool = False,
         wire_dtype: Any = tf.float32,
+        hotness: Sequence[int] | None = None,
+        pooling: Sequence[str] | None = None,
         **kwargs: Any,
     ) -> None:
         specs = [table.spec for table in plan.tables]
         super().__init__(
             [s.rows for s in specs],
             [s.dim for s in specs],
-            [s.hotness for s in specs],
+            hotness if hotness is not None else [s.hotness for s in specs],
             seed,
+            pooling=pooling,
             **kwargs,
         )
         if plan.world_size != collectives.world_size:
@@ -183,6 +195,12 @@ class ShardedEmbeddings(Embeddings):
         self.mine = self.sent[self.rank]
         self.model_parallel_tables = [sorted({s.table for s in shards}) for shards in self.sent]
         self.replicated_tables = tuple(plan.data_parallel_tables())
+        self.variable_length = tuple(h == 0 for h in self.hotness)
+        # Whether data-parallel input sends variable-length ids (a second alltoall,
+        # which every rank then runs).
+        self.exchanges_variable_ids = data_parallel_input and any(
+            self.variable_length[t] for tables in self.model_parallel_tables for t in tables
+        )
         # Tables whose ids this rank reads (model-parallel input), in loader order.
         self.input_tables = tuple(
             range(len(specs))
@@ -216,7 +234,8 @@ class ShardedEmbeddings(Embeddings):
 
     def input_distribution(self, ids: Any, local_rows: Any) -> RoutedIds:
         by_table = self.ids_by_table(ids, self.input_tables)
-        anchor = tf.reshape(tf.nest.flatten(ids)[0], [-1])  # this step's data, see _empty_block
+        # This step's data, see _empty_block.
+        anchor = tf.reshape(tf.nest.flatten(ids, expand_composites=True)[0], [-1])
         if self.data_parallel_input:
             global_ids, received = self._exchange_ids(by_table, local_rows)
             local_ids = {t: by_table[t] for t in self.replicated_tables}
@@ -227,26 +246,71 @@ class ShardedEmbeddings(Embeddings):
         return RoutedIds(global_ids, local_ids, [], anchor)
 
     def _exchange_ids(
-        self, local_ids: dict[int, tf.Tensor], local_rows: Any
-    ) -> tuple[dict[int, tf.Tensor], tf.Tensor]:
+        self, local_ids: dict[int, Any], local_rows: Any
+    ) -> tuple[dict[int, Any], tf.Tensor]:
         """Data-parallel input: every rank's local-row ids of the tables this rank
-        holds model-parallel shards of, for the whole global batch (rank order)."""
-        blocks, splits = [], []
-        for tables in self.model_parallel_tables:
-            width = sum(self.hotness[t] for t in tables)
-            if tables:
-                blocks.append(tf.reshape(tf.concat([local_ids[t] for t in tables], 1), [-1]))
-            splits.append(local_rows * width)
+        holds model-parallel shards of, for the whole global batch (rank order).
+
+        One alltoall carries, per row, the fixed-hotness tables' ids and the
+        variable-length tables' row lengths; when any rank holds a
+        variable-length table, a second one carries those tables' ids."""
         id_dtype = next(iter(local_ids.values())).dtype if local_ids else tf.int32
+        blocks, splits, values, value_splits = [], [], [], []
+        for tables in self.model_parallel_tables:
+            fixed = [t for t in tables if not self.variable_length[t]]
+            ragged = [t for t in tables if self.variable_length[t]]
+            columns = [local_ids[t] for t in fixed] + [
+                tf.cast(local_ids[t].row_lengths(), id_dtype)[:, None] for t in ragged
+            ]
+            if columns:
+                blocks.append(tf.reshape(tf.concat(columns, 1), [-1]))
+            splits.append(local_rows * self._row_width(tables))
+            if self.exchanges_variable_ids:
+                values += [local_ids[t].values for t in ragged]
+                value_splits.append(
+                    tf.add_n([tf.size(local_ids[t].values) for t in ragged]) if ragged else 0
+                )
         sent = tf.concat(blocks, 0) if blocks else tf.zeros([0], id_dtype)
         received = self.collectives.alltoall(sent, tf.stack(splits), name="embedding_ids")
+        received_values = None
+        if self.exchanges_variable_ids:
+            sent_values = tf.concat(values, 0) if values else tf.zeros([0], id_dtype)
+            received_values = self.collectives.alltoall(
+                sent_values, tf.stack(value_splits), name="embedding_variable_ids"
+            )
+            # On a rank without a variable-length table the receipt is empty and
+            # unused: add to the first one, which is always used (see _empty_block),
+            # a zero that TensorFlow cannot tell is zero, so that the collective
+            # is neither pruned nor folded away. (A control dependency is dropped
+            # by the graph optimizer: the collective is not a stateful op.)
+            nothing = tf.cast(tf.minimum(tf.size(received_values), 0), received.dtype)
+            received = received + nothing
         mine = self.model_parallel_tables[self.rank]
         if not mine:
             return {}, received
-        width = sum(self.hotness[t] for t in mine)
-        global_ids = tf.reshape(received, [-1, width])  # sources in rank order = global rows
-        columns = tf.split(global_ids, [self.hotness[t] for t in mine], axis=1)
-        return dict(zip(mine, columns, strict=True)), received
+        fixed = [t for t in mine if not self.variable_length[t]]
+        ragged = [t for t in mine if self.variable_length[t]]
+        rows = tf.reshape(received, [-1, self._row_width(mine)])  # sources in rank order
+        columns = tf.split(rows, [self.hotness[t] for t in fixed] + [1] * len(ragged), axis=1)
+        global_ids: dict[int, Any] = dict(zip(fixed, columns[: len(fixed)], strict=True))
+        if ragged:
+            assert received_values is not None
+            lengths = tf.cast(tf.concat(columns[len(fixed) :], axis=1), tf.int64)  # [G, R]
+            # Each source sent its tables' ids one table after another.
+            totals = tf.reduce_sum(tf.reshape(lengths, [self.world_size, -1, len(ragged)]), 1)
+            pieces = tf.split(
+                received_values, tf.reshape(totals, [-1]), num=self.world_size * len(ragged)
+            )
+            for k, table in enumerate(ragged):
+                table_values = tf.concat(pieces[k :: len(ragged)], axis=0)
+                global_ids[table] = tf.RaggedTensor.from_row_lengths(
+                    table_values, lengths[:, k], validate=False
+                )
+        return global_ids, received
+
+    def _row_width(self, tables: Sequence[int]) -> int:
+        """Values per row in the id alltoall for `tables`: ids, or one length."""
+        return sum(1 if self.variable_length[t] else self.hotness[t] for t in tables)
 
     # ---------------------------------------------------------- 2. local lookup
 
@@ -255,14 +319,14 @@ class ShardedEmbeddings(Embeddings):
         [L, sum of D_t] vectors of the replicated tables side by side, in
         `replicated_tables` order)."""
         outputs = [
-            PIECES[s.kind].lookup(s, variable, routed.global_ids[s.table])
+            PIECES[s.kind].lookup(s, variable, routed.global_ids[s.table], self.pooling[s.table])
             for s, variable in self.shard_variables[: len(self.mine)]
         ]
         block = tf.concat(outputs, axis=1) if outputs else self._empty_block(routed, local_rows)
         if self.replicated_tables:
             replicated = tf.concat(
                 [
-                    pooled_lookup(self.replicated[t], routed.local_ids[t])
+                    pooled_lookup(self.replicated[t], routed.local_ids[t], self.pooling[t])
                     for t in self.replicated_tables
                 ],
                 axis=1,

@@ -200,3 +200,45 @@ def test_int64_ids_on_two_ranks_equal_one(wide_ids: Path) -> None:
     for mode in INPUT_MODES:
         run_dir = wide_ids / "out_2" / f"mixed_{mode}_adam_fp32"
         assert_ranks_equal_one(reference, run_dir, 2, "fp32", "mixed")
+
+
+# Tables 1 to 4 hold a variable number of ids per row (0 to 5, empty rows too):
+# on the mixed plan, one of each sharding kind.
+VARIABLE_HOTNESS = (1, 0, 0, 0, 0, 1, 2, 1)
+
+
+@pytest.fixture(scope="module")
+def variable_length(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Tables with variable-length rows, with 1-rank references pooled by mean."""
+    path = tmp_path_factory.mktemp("hybrid") / "variable_length"
+    generate_split_binary(
+        path,
+        CARDINALITIES,
+        3,
+        rows={"train": 2000},
+        hotness=VARIABLE_HOTNESS,
+        max_variable_hotness=5,
+        seed=4,
+    )
+    hybrid_steps(
+        1, path, path / "out_1", [f"local:model_parallel:{o}:mean" for o in ("sgd", "adam")]
+    )
+    return path
+
+
+def test_variable_length_mean_pooling_on_two_ranks_equal_one(variable_length: Path) -> None:
+    """Ragged ids through the loader, the id alltoalls (lengths, then ids) and
+    every sharding kind (the mixed plan places the variable-length tables 1-4
+    table-, column-, row-wise and replicated), in both input modes: the weights
+    of one process."""
+    runs = [f"mixed:{m}:sgd:mean" for m in INPUT_MODES] + ["row_wise:data_parallel:adam:mean"]
+    hybrid_steps(2, variable_length, variable_length / "out_2", runs)
+    spec = FeatureSpec.load(variable_length / "feature_spec.yaml")
+    assert [f.is_variable_length for f in spec.categorical_features] == [
+        h == 0 for h in VARIABLE_HOTNESS
+    ]
+    for run_name in runs:
+        kind, mode, optimizer, variant = run_name.split(":")
+        reference = variable_length / "out_1" / f"local_model_parallel_{optimizer}_mean"
+        run_dir = variable_length / "out_2" / run_name.replace(":", "_")
+        assert_ranks_equal_one(reference, run_dir, 2, variant, kind)

@@ -15,12 +15,13 @@ import numpy as np
 import pytest
 
 from dataloading.files import SplitBinaryFiles
+from dataloading.split_binary import ShardSpec, SplitBinaryDataset, categorical_tensors
 from dataloading.synthetic import build_teacher, generate_split_binary
 from dataloading.teacher import FeatureSampler
 from dlrm import metrics
 from dlrm.checkpoint import Checkpoint
 from dlrm.embedding.planner import PlannerConfig, TableSpec, plan_sharding
-from dlrm.export import split_categorical
+from dlrm.export import serving_inputs
 from dlrm.model import Dlrm, ModelConfig
 from dlrm.training_state import restore_model_weights
 from feature_spec import FeatureSpec
@@ -181,17 +182,10 @@ def assert_export_serves_like_the_checkpoint(
     assert code == 0, stderr
     checkpoint = Checkpoint(checkpoints)
     spec = FeatureSpec.load(dataset / "feature_spec.yaml")
-    files = SplitBinaryFiles.open(spec, "test")
-    assert files.numerical is not None
-    numerical = np.asarray(files.numerical.memmap()[:rows], np.float32)
-    categorical = split_categorical(
-        np.stack(
-            [files.categorical[f.name].memmap()[:rows] for f in spec.categorical_features], axis=1
-        ),
-        spec.hotness,
-    )
+    batch = SplitBinaryDataset(spec, "test", ShardSpec(rows)).read_batch(0)
+    numerical = batch.numerical
     inputs = tmp_path / "inputs.npz"
-    np.savez(inputs, numerical=numerical, categorical=categorical)
+    np.savez(inputs, numerical=numerical, **serving_inputs(batch.categorical, spec.cardinalities))
     served_path = tmp_path / "served.npy"
     script = "tests/integration/scripts/serve_saved_model.py"
     result = run(
@@ -200,7 +194,7 @@ def assert_export_serves_like_the_checkpoint(
     assert result.returncode == 0, result.stderr
     model = Dlrm(ModelConfig.from_dict(checkpoint.manifest["model"]))
     restore_model_weights(model, checkpoint)
-    expected = 1 / (1 + np.exp(-model(numerical, categorical).numpy()))
+    expected = 1 / (1 + np.exp(-model(numerical, categorical_tensors(batch.categorical)).numpy()))
     served = np.load(served_path)
     np.testing.assert_allclose(served, expected, rtol=1e-5, atol=1e-6)
     return served

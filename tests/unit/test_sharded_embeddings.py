@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from dataloading.files import RaggedIds
 from dataloading.split_binary import Batch
 from dlrm.embedding.local import LocalEmbeddings
 from dlrm.embedding.planner import TableSpec
@@ -32,6 +33,10 @@ from tests.unit.simulated_ranks import Hub, SimulatedCollectives, run_ranks
 CARDINALITIES = (23, 7, 300, 11, 5)
 HOTNESS = (1, 2, 1, 3, 1)
 ONE_HOT = (1, 1, 1, 1, 1)
+# 0: a variable number of ids per row (empty rows included), as a tf.RaggedTensor.
+VARIABLE = (0, 2, 1, 0, 0)
+MEAN_POOLING = ("mean", "mean", "sum", "sum", "mean")
+MAX_VARIABLE = 4
 UNIFORM_DIMS = (DIM,) * len(CARDINALITIES)
 UNEQUAL_DIMS = (4, 7, 6, 5, 8)  # odd and even: column slices of unequal widths too
 GLOBAL_BATCH = 12  # divides by 2 and 3
@@ -43,7 +48,10 @@ PLANS = ("mixed", "idle_rank", "row_wise_rank", "planner", "data_parallel", "col
 def specs(
     hotness: tuple[int, ...] = HOTNESS, dims: tuple[int, ...] = UNIFORM_DIMS
 ) -> list[TableSpec]:
-    return [TableSpec(c, d, h) for c, d, h in zip(CARDINALITIES, dims, hotness, strict=True)]
+    # The planner costs a variable-length table by an estimate of its ids per row.
+    return [
+        TableSpec(c, d, h or 2) for c, d, h in zip(CARDINALITIES, dims, hotness, strict=True)
+    ]
 
 
 def table_columns(dims: tuple[int, ...], tables: list[int]) -> list[int]:
@@ -52,12 +60,32 @@ def table_columns(dims: tuple[int, ...], tables: list[int]) -> list[int]:
     return [c for t in tables for c in range(offsets[t], offsets[t + 1])]
 
 
-def global_ids(rng: np.random.Generator, hotness: tuple[int, ...]) -> list[np.ndarray]:
-    """Ids [G, hotness_t] per table."""
-    return [
-        rng.integers(0, c, (GLOBAL_BATCH, h)).astype(np.int32)
-        for c, h in zip(CARDINALITIES, hotness, strict=True)
-    ]
+def global_ids(rng: np.random.Generator, hotness: tuple[int, ...]) -> list[Any]:
+    """Ids [G, hotness_t] per table; `RaggedIds` for a variable-length one."""
+    out: list[Any] = []
+    for c, h in zip(CARDINALITIES, hotness, strict=True):
+        if h == 0:
+            lengths = rng.integers(0, MAX_VARIABLE + 1, GLOBAL_BATCH).astype(np.int64)
+            lengths[1] = 0  # an empty row, always
+            values = rng.integers(0, c, int(lengths.sum())).astype(np.int32)
+            out.append(RaggedIds(values, lengths))
+        else:
+            out.append(rng.integers(0, c, (GLOBAL_BATCH, h)).astype(np.int32))
+    return out
+
+
+def rows_of(ids: Any, start: int, stop: int) -> Any:
+    """Rows [start, stop) of a table's ids."""
+    if isinstance(ids, RaggedIds):
+        offsets = ids.offsets()
+        return RaggedIds(ids.values[offsets[start] : offsets[stop]], ids.row_lengths[start:stop])
+    return ids[start:stop]
+
+
+def as_tensor(ids: Any, id_dtype: Any = np.int32) -> Any:
+    if isinstance(ids, RaggedIds):
+        return tf.RaggedTensor.from_row_lengths(ids.values.astype(id_dtype), ids.row_lengths)
+    return tf.constant(ids.astype(id_dtype))
 
 
 def loader_ids(
@@ -69,13 +97,12 @@ def loader_ids(
     tuple of [B, hotness]."""
     if layer.data_parallel_input:
         rows = GLOBAL_BATCH // layer.world_size
-        read = [x[rank * rows : (rank + 1) * rows] for x in ids]
+        read = [rows_of(x, rank * rows, (rank + 1) * rows) for x in ids]
     else:
         read = [ids[t] for t in layer.input_tables]
-    read = [x.astype(id_dtype) for x in read]
-    if read and all(x.shape[1] == 1 for x in read):
-        return tf.constant(np.concatenate(read, axis=1))
-    return tuple(tf.constant(x) for x in read)
+    if read and all(not isinstance(x, RaggedIds) and x.shape[1] == 1 for x in read):
+        return tf.constant(np.concatenate(read, axis=1).astype(id_dtype))
+    return tuple(as_tensor(x, id_dtype) for x in read)
 
 
 def local_rows_of(array: np.ndarray, rank: int, world_size: int) -> np.ndarray:
@@ -87,14 +114,18 @@ def local_rows_of(array: np.ndarray, rank: int, world_size: int) -> np.ndarray:
 
 
 @functools.cache
-def reference(hotness: tuple[int, ...], dims: tuple[int, ...] = UNIFORM_DIMS) -> dict[str, Any]:
+def reference(
+    hotness: tuple[int, ...],
+    dims: tuple[int, ...] = UNIFORM_DIMS,
+    pooling: tuple[str, ...] | None = None,
+) -> dict[str, Any]:
     """LocalEmbeddings' vectors and table gradients for one global batch."""
     rng = np.random.default_rng(0)
     ids = global_ids(rng, hotness)
     upstream = rng.normal(size=(GLOBAL_BATCH, sum(dims))).astype(np.float32)
-    local = LocalEmbeddings(CARDINALITIES, dims, seed=SEED, hotness=hotness)
+    local = LocalEmbeddings(CARDINALITIES, dims, seed=SEED, hotness=hotness, pooling=pooling)
     with tf.GradientTape() as tape:
-        vectors = local(tuple(tf.constant(x) for x in ids))
+        vectors = local(tuple(as_tensor(x) for x in ids))
     gradients = tape.gradient(vectors, local.tables, output_gradients=tf.constant(upstream))
     return {
         "ids": ids,
@@ -115,11 +146,12 @@ def lookup_on_rank(
     upstream_of: Callable[[np.ndarray], np.ndarray] = lambda upstream: upstream,
     dims: tuple[int, ...] = UNIFORM_DIMS,
     id_dtype: Any = np.int32,
+    pooling: tuple[str, ...] | None = None,
 ) -> dict[str, Any]:
     """One rank's vectors and shard gradients, by the three steps and the explicit
     backward, as the trainer runs them (with `upstream_of(the reference's
     upstream gradient)`)."""
-    ref = reference(hotness, dims)
+    ref = reference(hotness, dims, pooling)
     rank, world = collectives.rank, collectives.world_size
     layer = ShardedEmbeddings(
         plan_for(kind, specs(hotness, dims), world, GLOBAL_BATCH),
@@ -127,6 +159,8 @@ def lookup_on_rank(
         seed=SEED,
         data_parallel_input=data_parallel_input,
         wire_dtype=wire_dtype,
+        hotness=hotness,
+        pooling=pooling,
     )
     local_rows = GLOBAL_BATCH // world
     variables = [v for _, v in layer.local_shards()]
@@ -178,8 +212,9 @@ def check_against_one_process(
     hotness: tuple[int, ...],
     world_size: int,
     dims: tuple[int, ...] = UNIFORM_DIMS,
+    pooling: tuple[str, ...] | None = None,
 ) -> None:
-    ref = reference(hotness, dims)
+    ref = reference(hotness, dims, pooling)
     replicated_sum: dict[int, np.ndarray] = {}
     covered = [np.zeros(t.shape, int) for t in ref["tables"]]
     for rank, result in enumerate(results):
@@ -244,6 +279,44 @@ def test_one_hot_ids_in_a_tf_function(kind: str, data_parallel_input: bool) -> N
         2, lambda c: lookup_on_rank(c, kind, ONE_HOT, data_parallel_input, in_function=True)
     )
     check_against_one_process(results, ONE_HOT, 2)
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+@pytest.mark.parametrize("kind", PLANS)
+@pytest.mark.parametrize("data_parallel_input", [False, True])
+def test_variable_length_ids_with_mean_pooling(
+    world_size: int, kind: str, data_parallel_input: bool
+) -> None:
+    """Variable-length tables (ragged ids, empty rows) with sum and mean pooling,
+    in a tf.function: their lengths and ids cross the id alltoalls, row ranges
+    divide their partial sums by the whole row's count."""
+    results = run_ranks(
+        world_size,
+        lambda c: lookup_on_rank(
+            c, kind, VARIABLE, data_parallel_input, in_function=True, pooling=MEAN_POOLING
+        ),
+    )
+    check_against_one_process(results, VARIABLE, world_size, pooling=MEAN_POOLING)
+
+
+def test_local_lookup_pools_variable_length_rows_by_sum_and_mean() -> None:
+    """The one-process reference itself, against numpy: a row's vectors summed,
+    or divided by its count; an empty row is zeros."""
+    ref = reference(VARIABLE, UNIFORM_DIMS, MEAN_POOLING)
+    offsets = np.cumsum((0, *UNIFORM_DIMS))
+    for table, (ids, pooling) in enumerate(zip(ref["ids"], MEAN_POOLING, strict=True)):
+        got = ref["vectors"][:, offsets[table] : offsets[table + 1]]
+        rows = (
+            [ids.values[a:b] for a, b in zip(ids.offsets()[:-1], ids.offsets()[1:], strict=True)]
+            if isinstance(ids, RaggedIds)
+            else list(ids)
+        )
+        for row, row_ids in enumerate(rows):
+            want = ref["tables"][table][row_ids].sum(axis=0)
+            if pooling == "mean" and len(row_ids):
+                want = want / len(row_ids)
+            np.testing.assert_allclose(got[row], want, rtol=1e-6, atol=1e-7)
+    assert not ref["vectors"][1, : offsets[1]].any()  # row 1 of table 0 is empty
 
 
 @pytest.mark.parametrize("kind", ["mixed", "row_wise_rank"])

@@ -11,9 +11,9 @@ import pytest
 from sklearn.metrics import roc_auc_score
 
 from dataloading.criteo_tsv import MALFORMED_KINDS, categorical_values, generate_criteo_tsv
-from dataloading.files import SplitBinaryFiles
+from dataloading.files import RaggedIds, SplitBinaryFiles
 from dataloading.synthetic import build_teacher, generate_split_binary, main
-from dataloading.teacher import FeatureSampler, power_law_ids
+from dataloading.teacher import FeatureSampler, Teacher, power_law_ids
 from feature_spec import FeatureSpec
 
 CARDINALITIES = (23, 7, 300, 40000, 2)
@@ -194,3 +194,149 @@ def test_criteo_categorical_values_distinct_per_table() -> None:
     assert len(np.unique(values)) == len(ids)
     assert values.max() < 2**32
     assert not np.array_equal(values, categorical_values(4, ids, seed=0))
+
+
+# Variable-length tables (hotness 0) beside a multi-hot one; odd, tiny sizes.
+VARIABLE_CARDINALITIES = (23, 7, 11)
+VARIABLE_HOTNESS = (0, 3, 0)
+MAX_VARIABLE_HOTNESS = 5
+
+
+def generate_variable(path: Path, rows: dict[str, int], seed: int = 4) -> FeatureSpec:
+    return generate_split_binary(
+        path,
+        VARIABLE_CARDINALITIES,
+        2,
+        rows=rows,
+        hotness=VARIABLE_HOTNESS,
+        seed=seed,
+        chunk_rows=700,  # offsets cross chunk boundaries
+        max_variable_hotness=MAX_VARIABLE_HOTNESS,
+    )
+
+
+def read_ids(spec: FeatureSpec, files: SplitBinaryFiles) -> list[np.ndarray | RaggedIds]:
+    ids: list[np.ndarray | RaggedIds] = []
+    for feature in spec.categorical_features:
+        values = files.categorical[feature.name].memmap().astype(np.int64)
+        if feature.is_variable_length:
+            ids.append(RaggedIds.from_offsets(values, files.offsets[feature.name].memmap()))
+        else:
+            ids.append(values)
+    return ids
+
+
+def test_variable_length_tables_values_and_offsets(tmp_path: Path) -> None:
+    spec = generate_variable(tmp_path / "d", {"train": 3001, "test": 0})
+    assert spec.hotness == VARIABLE_HOTNESS
+    assert spec.metadata["max_variable_hotness"] == MAX_VARIABLE_HOTNESS
+    assert FeatureSpec.load(tmp_path / "d", required_mappings=("train", "test")) == spec
+    files = SplitBinaryFiles.open(spec, "train")  # checks offsets[0] and offsets[-1]
+    assert files.rows == 3001
+    assert sorted(files.offsets) == ["cat_0", "cat_2"]
+    files.check_ids(spec)  # ids in range, offsets non-decreasing
+    for name in files.offsets:
+        offsets = files.offsets[name].memmap()
+        values = files.categorical[name].memmap()
+        assert offsets.dtype == np.int64 and len(offsets) == 3001 + 1
+        assert offsets[0] == 0 and offsets[-1] == len(values)
+        lengths = np.diff(offsets)
+        assert lengths.min() == 0 and lengths.max() == MAX_VARIABLE_HOTNESS
+        assert (lengths == 0).sum() > 100  # about 1 row in 6 is empty
+        cardinality = spec.features[name].cardinality
+        assert values.min() >= 0 and values.max() < cardinality  # type: ignore[operator]
+    assert files.categorical["cat_1"].memmap().shape == (3001, 3)
+    empty = SplitBinaryFiles.open(spec, "test")
+    assert empty.rows == 0
+    assert empty.offsets["cat_0"].memmap().tolist() == [0]
+
+
+def test_variable_length_labels_follow_the_teacher(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    used: list[np.ndarray] = []
+    sample_labels = Teacher.sample_labels
+
+    def recording(self: Teacher, rng: np.random.Generator, logits: np.ndarray) -> np.ndarray:
+        used.append(logits)
+        return sample_labels(self, rng, logits)
+
+    monkeypatch.setattr(Teacher, "sample_labels", recording)
+    spec = generate_variable(tmp_path / "d", {"train": 4000})
+    files = SplitBinaryFiles.open(spec, "train")
+    sampler = FeatureSampler(
+        2,
+        VARIABLE_CARDINALITIES,
+        VARIABLE_HOTNESS,
+        1.1,
+        max_variable_hotness=MAX_VARIABLE_HOTNESS,
+    )
+    teacher = build_teacher(sampler, seed=4, positive_rate=0.25)
+    assert teacher.bias == pytest.approx(spec.metadata["teacher_bias"])
+    assert files.numerical is not None
+    numerical = files.numerical.memmap().astype(np.float32)
+    logits = teacher.logits(numerical, read_ids(spec, files))
+    # The files hold the numerical features in float16: close, not equal.
+    np.testing.assert_allclose(logits, np.concatenate(used), atol=0.02)
+    labels = files.label.memmap()
+    assert 0.2 < labels.mean() < 0.3
+    assert roc_auc_score(labels, logits) > 0.75
+    # The tolerance is tight enough to catch ids read one row off.
+    ids = read_ids(spec, files)
+    ragged = ids[2]
+    assert isinstance(ragged, RaggedIds)
+    ids[2] = RaggedIds(ragged.values, np.roll(ragged.row_lengths, 1))
+    shifted = teacher.logits(numerical, ids)
+    assert np.abs(shifted - np.concatenate(used)).max() > 0.5
+
+
+def test_id_effects_of_ragged_rows_average_and_empty_rows_are_zero() -> None:
+    teacher = Teacher.create(num_numerical=1, num_tables=2, seed=0)
+    ids = RaggedIds(np.array([4, 1, 1, 9, 2]), np.array([0, 2, 0, 0, 3, 0]))
+    effects = teacher.id_effects(1, ids)
+    rows = [[], [4, 1], [], [], [1, 9, 2], []]
+    expected = [teacher.id_effects(1, np.array(row)).mean() if row else 0.0 for row in rows]
+    np.testing.assert_allclose(effects, expected)
+    missing = [np.zeros(6, bool), np.array([False, True, False, False, False, False])]
+    logits = teacher.logits(np.zeros((6, 1), np.float32), [np.zeros(6, np.int64), ids], missing)
+    without = teacher.logits(np.zeros((6, 1), np.float32), [np.zeros(6, np.int64), ids])
+    assert logits[1] != without[1]
+    np.testing.assert_array_equal(np.delete(logits, 1), np.delete(without, 1))
+    all_empty = RaggedIds(np.zeros(0, np.int64), np.zeros(4, np.int64))
+    np.testing.assert_array_equal(teacher.id_effects(0, all_empty), np.zeros(4))
+
+
+def test_variable_length_same_seed_same_bytes(tmp_path: Path) -> None:
+    for name, seed in (("a", 4), ("b", 4), ("c", 5)):
+        generate_variable(tmp_path / name, {"train": 1500, "test": 99}, seed=seed)
+    names = sorted(p.relative_to(tmp_path / "a") for p in (tmp_path / "a").rglob("*.*"))
+    assert Path("train/cat_2.offsets.bin") in names and Path("feature_spec.yaml") in names
+    for name in names:
+        assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes()
+    offsets = Path("train/cat_0.offsets.bin")
+    assert (tmp_path / "a" / offsets).read_bytes() != (tmp_path / "c" / offsets).read_bytes()
+
+
+def test_cli_variable_hotness(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "cli"
+    code = main(
+        ["--output_dir", str(out), "--train_rows", "300", "--test_rows", "50",
+         "--cardinalities", "23,7,11", "--hotness", "1,0,3", "--num_numerical", "2",
+         "--max_variable_hotness", "2"]
+    )  # fmt: skip
+    assert code == 0
+    spec = FeatureSpec.load(out)
+    assert spec.hotness == (1, 0, 3)
+    files = SplitBinaryFiles.open(spec, "train")
+    files.check_ids(spec)
+    assert np.diff(files.offsets["cat_1"].memmap()).max() <= 2
+    for flags, message in (
+        (["--max_variable_hotness", "0"], "max_variable_hotness: expected an int >= 1, got 0"),
+        (["--hotness", "1,-1,3"], "hotness: expected ids per row >= 1, or 0 for a variable"),
+    ):
+        with pytest.raises(SystemExit) as exit_info:
+            main(["--output_dir", str(tmp_path / "bad"), "--cardinalities", "23,7,11",
+                  "--hotness", "1,0,3", *flags])  # fmt: skip
+        assert exit_info.value.code == 2
+        assert message in capsys.readouterr().err
+    assert not (tmp_path / "bad").exists()

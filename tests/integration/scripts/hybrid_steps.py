@@ -12,7 +12,9 @@ one process) or a placement on the ranks:
 - row_wise_rank: the last rank holds only row ranges.
 VARIANT is fp32 (default), or a `+`-joined set of: amp (the CPU's
 mixed_bfloat16 policy), xla (the dense part compiled), cross (the DCNv2 cross
-interaction, with tables of unequal widths `CROSS_WIDTHS`). Writes
+interaction, with tables of unequal widths `CROSS_WIDTHS`), mean (every table
+pools a row's vectors by mean: with variable-length tables, by their count).
+A variable-length table is costed by the planner as 2 ids per row. Writes
 OUT/<RUN with : as _>/rank<r>.npz: dense weights by name, each shard as
 "table_<t>_<r0>_<r1>_<c0>_<c1>", and the per-step losses.
 """
@@ -110,7 +112,7 @@ def main() -> None:
         )
 
 
-def model_config(spec: FeatureSpec, cross: bool) -> ModelConfig:
+def model_config(spec: FeatureSpec, cross: bool, mean: bool = False) -> ModelConfig:
     tables = len(spec.cardinalities)
     return ModelConfig(
         len(spec.numerical_features),
@@ -122,19 +124,20 @@ def model_config(spec: FeatureSpec, cross: bool) -> ModelConfig:
         interaction="cross" if cross else "dot",
         num_cross_layers=2 if cross else 0,
         cross_layer_projection_dim=5 if cross else 0,
+        pooling="mean" if mean else "sum",
     )
 
 
 def train(spec, collectives, kind, input_mode, optimizer, variant, steps, batch, directory) -> None:
     rank, world = collectives.rank, collectives.world_size
-    config = model_config(spec, "cross" in variant)
+    config = model_config(spec, "cross" in variant, "mean" in variant)
     keras.utils.set_random_seed(1)
     data_parallel_input = input_mode == "data_parallel"
     embeddings = None
     precision = choose_precision("amp" in variant, has_gpu=False)
     if kind != "local":
         specs = [
-            TableSpec(rows, dim, h)
+            TableSpec(rows, dim, h or 2)
             for rows, dim, h in zip(
                 spec.cardinalities, config.embedding_dims, spec.hotness, strict=True
             )
@@ -146,6 +149,8 @@ def train(spec, collectives, kind, input_mode, optimizer, variant, steps, batch,
             seed=1,
             data_parallel_input=data_parallel_input,
             wire_dtype=precision.compute_dtype,  # as main.py: 16 bits under --amp
+            hotness=spec.hotness,
+            pooling=config.poolings,
         )
     model = Dlrm(config, embeddings=embeddings, dtype_policy=precision.dtype_policy, seed=1)
     lr = {"sgd": 0.5, "adagrad": 0.1, "adam": 0.01}[optimizer]

@@ -11,9 +11,7 @@ def main() -> None:
     model_dir, inputs_path, output_path = sys.argv[1:4]
     inputs = np.load(inputs_path)
     serve = tf.saved_model.load(model_dir).signatures["serving_default"]
-    result = serve(
-        numerical=tf.constant(inputs["numerical"]), categorical=tf.constant(inputs["categorical"])
-    )
+    result = serve(**{name: tf.constant(inputs[name]) for name in inputs.files})
     np.save(output_path, result["probability"].numpy())
 
 
