@@ -88,7 +88,9 @@ def build_split_binary_spec(
         if numerical:
             chunks.append(Chunk(SPLIT_BINARY, numerical, (f"{mapping}/{NUMERICAL_FILE}",)))
         for name, hot in zip(categorical, hotness, strict=True):
-            files = [f"{mapping}/{name}.bin"] + ([f"{mapping}/{name}.offsets.bin"] if hot == 0 else [])
+            files = [f"{mapping}/{name}.bin"] + (
+                [f"{mapping}/{name}.offsets.bin"] if hot == 0 else []
+            )
             chunks.append(Chunk(SPLIT_BINARY, (name,), tuple(files)))
         source_spec[mapping] = tuple(chunks)
     return FeatureSpec(

@@ -279,7 +279,9 @@ def test_label_channel_not_exactly_one(tmp_path: Path, labels: list[str]) -> Non
 def test_bad_hotness(tmp_path: Path) -> None:
     raw = valid()
     raw["feature_spec"]["cat_1"]["hotness"] = 0
-    assert "feature_spec.cat_1.hotness: expected a positive int or 'variable', got 0" in load_error(tmp_path, raw)
+    assert "feature_spec.cat_1.hotness: expected a positive int or 'variable', got 0" in load_error(
+        tmp_path, raw
+    )
 
 
 def test_feature_in_no_chunk(tmp_path: Path) -> None:
