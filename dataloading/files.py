@@ -128,14 +128,18 @@ class SplitBinaryFiles:
         categorical = spec.categorical_features
         table = {f.name: t for t, f in enumerate(categorical)}
         for name in features if features is not None else list(self.categorical):
-            if name in self.offsets:
-                offsets = self.offsets[name].memmap()
-                for start in range(0, len(offsets) - 1, _CHECK_CHUNK_ROWS):
-                    stop = min(start + _CHECK_CHUNK_ROWS, len(offsets) - 1)
-                    check_offset_rows(
-                        np.asarray(offsets[start : stop + 1]), start, self.offsets[name]
-                    )
-            check_ids_in_range(self.categorical[name], categorical[table[name]], table[name])
+            feature, index = categorical[table[name]], table[name]
+            if name not in self.offsets:
+                check_ids_in_range(self.categorical[name], feature, index)
+                continue
+            # Variable length: rows at a time, so that a bad id's row is named.
+            offsets, values = self.offsets[name].memmap(), self.categorical[name].memmap()
+            for start in range(0, len(offsets) - 1, _CHECK_CHUNK_ROWS):
+                stop = min(start + _CHECK_CHUNK_ROWS, len(offsets) - 1)
+                part = np.asarray(offsets[start : stop + 1])
+                check_offset_rows(part, start, self.offsets[name])
+                ids = RaggedIds.from_offsets(np.asarray(values[part[0] : part[-1]]), part)
+                check_ragged_id_rows(ids, start, self.categorical[name], feature, index)
 
 
 def check_ids_in_range(file: BinaryFile, feature: Feature, table: int) -> None:
@@ -180,6 +184,26 @@ def check_id_rows(
     raise DatasetError(
         f"{file.path}: table {table} (feature {feature.name!r}) row {first_row + offset}: "
         f"expected ids in [0, {cardinality}), got {value}{ids_of_row}"
+    )
+
+
+def check_ragged_id_rows(
+    ids: RaggedIds, first_row: int, file: BinaryFile, feature: Feature, table: int
+) -> None:
+    """`check_id_rows` for a variable-length table: one min and one max of the
+    ids; on a bad id, the row that holds it is named (and its ids listed)."""
+    cardinality = int(feature.cardinality)  # type: ignore[arg-type]
+    values = ids.values
+    if values.size == 0 or (values.min() >= 0 and values.max() < cardinality):
+        return
+    position = int(np.flatnonzero((values < 0) | (values >= cardinality))[0])
+    offsets = ids.offsets()
+    row = int(np.searchsorted(offsets, position, side="right")) - 1
+    row_ids = values[offsets[row] : offsets[row + 1]]
+    raise DatasetError(
+        f"{file.path}: table {table} (feature {feature.name!r}) row {first_row + row}: "
+        f"expected ids in [0, {cardinality}), got {int(values[position])} "
+        f"(ids of the row: {row_ids.tolist()})"
     )
 
 

@@ -32,7 +32,13 @@ import numpy as np
 import tensorflow as tf
 
 from dataloading.errors import DatasetError
-from dataloading.files import RaggedIds, SplitBinaryFiles, check_id_rows, check_offset_rows
+from dataloading.files import (
+    RaggedIds,
+    SplitBinaryFiles,
+    check_id_rows,
+    check_offset_rows,
+    check_ragged_id_rows,
+)
 from feature_spec import FeatureSpec
 
 T = TypeVar("T")
@@ -235,7 +241,7 @@ class SplitBinaryDataset:
                 if isinstance(column, RaggedIds):
                     # The ids of a variable-length row sit at its offset, not its row:
                     # the message names the row found by the offsets.
-                    _check_ragged_ids(column, cat_start, file, feature, table)
+                    check_ragged_id_rows(column, cat_start, file, feature, table)
                 else:
                     check_id_rows(column, cat_start, file, feature, table)
         categorical: Any
@@ -389,24 +395,6 @@ def raise_dataset_errors(elements: Iterable[T]) -> Iterator[T]:
 
 def _offsets_key(name: str) -> str:
     return f"{name}/offsets"
-
-
-def _check_ragged_ids(ids: RaggedIds, first_row: int, file: Any, feature: Any, table: int) -> None:
-    """`check_id_rows` for a variable-length table: one min and one max of the
-    ids; on a bad id, the row that holds it is named (and its ids listed)."""
-    cardinality = int(feature.cardinality)
-    values = ids.values
-    if values.size == 0 or (values.min() >= 0 and values.max() < cardinality):
-        return
-    position = int(np.flatnonzero((values < 0) | (values >= cardinality))[0])
-    offsets = ids.offsets()
-    row = int(np.searchsorted(offsets, position, side="right")) - 1
-    row_ids = values[offsets[row] : offsets[row + 1]]
-    raise DatasetError(
-        f"{file.path}: table {table} (feature {feature.name!r}) row {first_row + row}: "
-        f"expected ids in [0, {cardinality}), got {int(values[position])} "
-        f"(ids of the row: {row_ids.tolist()})"
-    )
 
 
 def _rows(data: np.ndarray, start: int, count: int) -> np.ndarray:

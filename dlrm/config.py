@@ -114,8 +114,8 @@ class RunConfig:
     def __post_init__(self) -> None:
         if isinstance(self.embedding_dim, int):  # one width, given as a number
             object.__setattr__(self, "embedding_dim", (self.embedding_dim,))
-        if isinstance(self.pooling, str):
-            object.__setattr__(self, "pooling", (self.pooling,))
+        pooling = (self.pooling,) if isinstance(self.pooling, str) else tuple(self.pooling)
+        object.__setattr__(self, "pooling", pooling)  # a list from the flags, too
         _validate(self)
 
     # ------------------------------------------------------------------ derived

@@ -34,6 +34,7 @@ def config(**overrides: object) -> RunConfig:
         ({"embedding_dim": (128, 64)}, r"--embedding_dim: the dot interaction needs one width"),
         ({"embedding_dim": (128, 0)}, r"--embedding_dim: expected a comma-separated list"),
         ({"interaction": "cross", "num_cross_layers": 0}, r"--num_cross_layers: expected >= 1"),
+        ({"pooling": ("sum", "max")}, r"--pooling: expected sum or mean, .* got 'sum,max'"),
         (
             {"interaction": "cross", "cross_layer_projection_dim": -1},
             r"--cross_layer_projection_dim: expected >= 0 \(0: full rank\), got -1",
@@ -133,3 +134,11 @@ def test_the_mlperf_dcnv2_flagfiles(tmp_path: Path) -> None:
     assert small.embedding_dim == (16,) and small.cross_layer_projection_dim == 64
     assert small.bottom_mlp_dims == tuple(d // 8 for d in full.bottom_mlp_dims)
     assert small.top_mlp_dims[:-1] == tuple(d // 8 for d in full.top_mlp_dims[:-1])
+
+
+def test_pooling_flag_takes_one_value_or_one_per_table(tmp_path: Path) -> None:
+    c = config_from_flagfile(tmp_path / "a.flags", "--dataset_path=/data\n--pooling=mean\n")
+    assert c.pooling == ("mean",)
+    c = config_from_flagfile(tmp_path / "b.flags", "--dataset_path=/data\n--pooling=sum,mean,sum\n")
+    assert c.pooling == ("sum", "mean", "sum") and c.to_dict()["pooling"] == ["sum", "mean", "sum"]
+    assert config().pooling == ("sum",)

@@ -84,6 +84,18 @@ def test_cross_takes_one_width_per_table() -> None:
     assert config(embedding_dim=(7, 7, 7)).embedding_dim == 7
 
 
+def test_pooling_is_one_value_or_one_per_table() -> None:
+    assert config(pooling=("mean", "mean", "mean")).pooling == "mean"
+    c = config(pooling=("sum", "mean", "sum"))
+    assert c.poolings == ("sum", "mean", "sum")
+    assert ModelConfig.from_dict(c.to_dict()) == c
+    assert config().poolings == ("sum",) * 3
+    with pytest.raises(ValueError, match=r"--pooling: expected one value or one per table"):
+        config(pooling=("sum", "mean"))
+    with pytest.raises(ValueError, match=r"--pooling: expected sum or mean, got max"):
+        config(pooling="max")
+
+
 def test_model_config_errors_name_the_flags() -> None:
     with pytest.raises(ValueError, match=r"--embedding_dim: the dot interaction needs one width"):
         config(embedding_dim=(7, 6, 7))

@@ -8,6 +8,7 @@ run the same plans in tests/integration/test_hybrid_parallel.py."""
 from __future__ import annotations
 
 import functools
+import itertools
 from collections.abc import Callable
 from typing import Any
 
@@ -49,9 +50,7 @@ def specs(
     hotness: tuple[int, ...] = HOTNESS, dims: tuple[int, ...] = UNIFORM_DIMS
 ) -> list[TableSpec]:
     # The planner costs a variable-length table by an estimate of its ids per row.
-    return [
-        TableSpec(c, d, h or 2) for c, d, h in zip(CARDINALITIES, dims, hotness, strict=True)
-    ]
+    return [TableSpec(c, d, h or 2) for c, d, h in zip(CARDINALITIES, dims, hotness, strict=True)]
 
 
 def table_columns(dims: tuple[int, ...], tables: list[int]) -> list[int]:
@@ -307,7 +306,7 @@ def test_local_lookup_pools_variable_length_rows_by_sum_and_mean() -> None:
     for table, (ids, pooling) in enumerate(zip(ref["ids"], MEAN_POOLING, strict=True)):
         got = ref["vectors"][:, offsets[table] : offsets[table + 1]]
         rows = (
-            [ids.values[a:b] for a, b in zip(ids.offsets()[:-1], ids.offsets()[1:], strict=True)]
+            [ids.values[a:b] for a, b in itertools.pairwise(ids.offsets())]
             if isinstance(ids, RaggedIds)
             else list(ids)
         )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import numpy as np
@@ -377,3 +378,139 @@ def test_missing_mapping(dataset_dir: Path) -> None:
     spec = FeatureSpec.load(dataset_dir)
     with pytest.raises(FeatureSpecError, match=r"source_spec\.validation: mapping missing"):
         SplitBinaryDataset(spec, "validation", ShardSpec(GLOBAL_BATCH))
+
+
+# ------------------------------------------------------------ variable length
+
+VARIABLE_CARDINALITIES = (23, 7, 300)
+VARIABLE_HOTNESS = (0, 1, 0)  # tables 0 and 2: 0 to 4 ids per row
+VARIABLE_ROWS = 211
+
+
+@pytest.fixture(scope="module")
+def variable_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("data") / "variable"
+    generate_split_binary(
+        out,
+        VARIABLE_CARDINALITIES,
+        2,
+        rows={"train": VARIABLE_ROWS},
+        hotness=VARIABLE_HOTNESS,
+        max_variable_hotness=4,
+        seed=6,
+        chunk_rows=50,
+    )
+    return out
+
+
+def variable_rows(spec: FeatureSpec, name: str) -> list[np.ndarray]:
+    """Each row's ids of a variable-length feature, read with np.fromfile."""
+    files = spec.files("train")
+    feature = next(f for f in spec.categorical_features if f.name == name)
+    values = np.fromfile(files.categorical[name], dtype=feature.dtype)
+    offsets = np.fromfile(files.offsets[name], dtype=np.int64)
+    return [values[a:b] for a, b in itertools.pairwise(offsets)]
+
+
+def ragged_rows(tensor: tf.RaggedTensor) -> list[list[int]]:
+    return [list(row) for row in tensor.to_list()]
+
+
+@pytest.mark.parametrize("input_mode", list(InputMode))
+def test_variable_length_tables_come_as_ragged_tensors(
+    variable_dir: Path, input_mode: InputMode
+) -> None:
+    """Each rank's ragged ids are exactly the rows of the files it should read
+    (the global batch of its tables, or its local rows); the last batch is
+    padded with empty rows."""
+    spec = FeatureSpec.load(variable_dir)
+    rows = {name: variable_rows(spec, name) for name in ("cat_0", "cat_2")}
+    assert any(len(r) == 0 for r in rows["cat_0"])  # empty rows occur
+    batch_size, world = 40, 2
+    for rank in range(world):
+        tables = (2, 1) if input_mode == InputMode.MODEL_PARALLEL else None
+        shard = ShardSpec(batch_size, rank, world, tables, input_mode)
+        dataset = SplitBinaryDataset(spec, "train", shard, last_batch="pad")
+        batches = list(dataset.batches())
+        assert len(batches) == -(-VARIABLE_ROWS // batch_size)
+        read_tables = [2, 1] if tables else [0, 1, 2]
+        for index, batch in enumerate(batches):
+            start = index * batch_size
+            cat_rows = batch_size
+            if input_mode == InputMode.DATA_PARALLEL:
+                start, cat_rows = start + rank * batch_size // world, batch_size // world
+            assert len(batch.categorical) == len(read_tables)
+            for table, ids in zip(read_tables, batch.categorical, strict=True):
+                if VARIABLE_HOTNESS[table] == 1:
+                    assert ids.shape == (cat_rows, 1)
+                    continue
+                assert isinstance(ids, tf.RaggedTensor) and ids.dtype == tf.int32
+                want = [list(r) for r in rows[f"cat_{table}"][start : start + cat_rows]]
+                want += [[]] * (cat_rows - len(want))  # padding rows past the end
+                assert ragged_rows(ids) == want
+
+
+def test_variable_length_read_batch_gives_ragged_ids(variable_dir: Path) -> None:
+    from dataloading.files import RaggedIds
+
+    spec = FeatureSpec.load(variable_dir)
+    batch = SplitBinaryDataset(spec, "train", ShardSpec(30)).read_batch(2)
+    ids = batch.categorical[0]
+    assert isinstance(ids, RaggedIds) and ids.row_lengths.shape == (30,)
+    want = variable_rows(spec, "cat_0")[60:90]
+    assert [len(r) for r in want] == ids.row_lengths.tolist()
+    np.testing.assert_array_equal(ids.values, np.concatenate(want))
+
+
+def test_variable_length_offsets_must_match_the_ids(variable_dir: Path, tmp_path: Path) -> None:
+    spec = copy_dataset(variable_dir, tmp_path / "d")
+    offsets_path = spec.files("train").offsets["cat_2"]
+    offsets = np.fromfile(offsets_path, dtype=np.int64)
+    # One more id than the offsets account for.
+    ids_path = spec.files("train").categorical["cat_2"]
+    with open(ids_path, "ab") as out:
+        out.write(np.int16(5).tobytes())
+    with pytest.raises(DatasetError) as info:
+        SplitBinaryDataset(spec, "train", ShardSpec(GLOBAL_BATCH))
+    message = str(info.value)
+    assert str(offsets_path) in message
+    assert f"expected offsets from 0 to the number of ids in {ids_path} ({offsets[-1] + 1})" in (
+        message
+    )
+    # The last row missing: a row count that differs from the label's.
+    ids_path.write_bytes(ids_path.read_bytes()[: 2 * int(offsets[-2])])
+    offsets[:-1].tofile(offsets_path)
+    with pytest.raises(DatasetError, match=f"expected {VARIABLE_ROWS + 1} int64 offsets"):
+        SplitBinaryDataset(spec, "train", ShardSpec(GLOBAL_BATCH))
+
+
+def test_variable_length_decreasing_offsets_and_bad_ids_name_the_row(
+    variable_dir: Path, tmp_path: Path
+) -> None:
+    spec = copy_dataset(variable_dir, tmp_path / "d")
+    files = spec.files("train")
+    offsets = np.fromfile(files.offsets["cat_0"], dtype=np.int64)
+    row = int(np.flatnonzero(np.diff(offsets) >= 2)[3])  # a row with 2+ ids
+    values = np.fromfile(files.categorical["cat_0"], dtype=np.int8)
+    values[offsets[row] + 1] = 23  # its second id: one past the table
+    values.tofile(files.categorical["cat_0"])
+    dataset = SplitBinaryDataset(spec, "train", ShardSpec(20))
+    with pytest.raises(DatasetError) as info:
+        list(dataset.batches())
+    message = str(info.value)
+    assert_names_bad_id(message, files.categorical["cat_0"], 0, "cat_0", row, 23, 23)
+    assert "ids of the row: [" in message
+    with pytest.raises(DatasetError, match=f"row {row}"):
+        SplitBinaryDataset(spec, "train", ShardSpec(20), check_file_ids=True)
+    # Offsets that go back: a negative number of ids in a row.
+    broken = offsets.copy()
+    broken[row + 1] = broken[row] - 1
+    broken.tofile(files.offsets["cat_0"])
+    for check_file_ids in (False, True):
+        with pytest.raises(DatasetError) as info:
+            list(
+                SplitBinaryDataset(
+                    spec, "train", ShardSpec(20), check_file_ids=check_file_ids
+                ).batches()
+            )
+        assert f"offsets of row {row} decrease" in str(info.value)
