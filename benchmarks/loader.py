@@ -3,6 +3,7 @@
     python benchmarks/loader.py [--dataset_path DIR] [--rows 4000000]
         [--global_batch_size 65536] [--world_size 1] [--input_mode model_parallel]
         [--check_batch_sizes 8192,65536] [--train_steps N]
+        [--multi_hot_rows 400000] [--multi_hot_batch_size 8192]
 
 Without --dataset_path, a synthetic Criteo-shaped dataset (13 numerical, 26
 tables) is generated in a temporary directory first. Files are read once before
@@ -15,6 +16,11 @@ table, every row of the batch: the sum over ranks) for each of
 fp32 model at batch 8192. The step is measured over `--train_steps` steps (by
 default 5 on generated data; 0, the default with --dataset_path, whose tables may
 be too big to build here, compares with the reference 9,300 samples/s instead).
+
+Then compares multi-hot reading on two generated datasets of `--multi_hot_rows`
+rows and 26 tables: every table with 8 ids per row (fixed hotness, `[B, 8]`
+per table), and every table with a variable number, 0 to 16 (8 on average),
+read as ragged ids (values plus offsets).
 """
 
 from __future__ import annotations
@@ -43,10 +49,15 @@ REFERENCE_TRAIN_SAMPLES_PER_SECOND = 9300.0
 STEP_BATCH_SIZE = 8192
 
 
+MULTI_HOT_TABLES = 26
+MULTI_HOT_IDS = 8  # per row and table: fixed, or the mean of 0 to 2 x this
+
+
 def warm_page_cache(spec: FeatureSpec, mapping: str) -> int:
     files = spec.files(mapping)
     total = 0
-    for path in [files.label, files.numerical, *files.categorical.values()]:
+    paths = [files.label, files.numerical, *files.categorical.values(), *files.offsets.values()]
+    for path in paths:
         if path is not None:
             total += len(path.read_bytes())
     return total
@@ -93,6 +104,40 @@ def time_id_check(
     return float(np.median(times))
 
 
+def compare_multi_hot(directory: Path, rows: int, batch_size: int, epochs: int) -> None:
+    """Prints loader samples/s and ids/s for fixed and variable-length multi-hot."""
+    cardinalities = (100_000,) * MULTI_HOT_TABLES
+    shapes = {"fixed": MULTI_HOT_IDS, "variable-length": 0}
+    rates = {}
+    for name, hotness in shapes.items():
+        path = directory / name
+        print(f"generating {rows:,} rows x {MULTI_HOT_TABLES} {name} tables ...", flush=True)
+        generate_split_binary(
+            path,
+            cardinalities,
+            rows={"train": rows},
+            hotness=(hotness,) * MULTI_HOT_TABLES,
+            max_variable_hotness=2 * MULTI_HOT_IDS,
+            seed=0,
+        )
+        spec = FeatureSpec.load(path)
+        warm_page_cache(spec, "train")
+        files = SplitBinaryFiles.open(spec, "train")
+        ids = sum(f.rows * int(np.prod(f.row_shape)) for f in files.categorical.values())
+        dataset = SplitBinaryDataset(spec, "train", ShardSpec(batch_size))
+        rate, _ = measure(dataset, epochs)
+        rates[name] = rate
+        print(
+            f"loader, {name} multi-hot ({ids / rows:.1f} ids per row over {MULTI_HOT_TABLES} "
+            f"tables, batch {batch_size}): {rate:,.0f} samples/s = "
+            f"{rate * ids / rows / 1e6:,.1f} M ids/s"
+        )
+    print(
+        f"variable-length / fixed: {rates['variable-length'] / rates['fixed']:.2f} "
+        f"(samples/s, same mean ids per row)"
+    )
+
+
 def time_train_step(path: Path, steps: int) -> float:
     """Seconds of one fp32 training step of the default model at STEP_BATCH_SIZE."""
     from benchmarks.train import time_variant
@@ -125,6 +170,8 @@ def main() -> None:
         help="training steps timed to compare the id check with (0: compare with the "
         "reference 9,300 samples/s); default 5 on generated data, 0 with --dataset_path",
     )
+    parser.add_argument("--multi_hot_rows", type=int, default=400_000, help="0: skip")
+    parser.add_argument("--multi_hot_batch_size", type=int, default=8192)
     args = parser.parse_args()
     train_steps = args.train_steps
     if train_steps is None:
@@ -196,6 +243,10 @@ def main() -> None:
                 f"id check, {tables} tables x {batch_size:,} rows: {seconds * 1e3:.3f} ms per "
                 f"global batch = {shares}"
                 + ("" if scale == 1 else " (step scaled linearly to this batch)")
+            )
+        if args.multi_hot_rows > 0:
+            compare_multi_hot(
+                Path(tmp), args.multi_hot_rows, args.multi_hot_batch_size, args.epochs
             )
 
 

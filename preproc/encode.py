@@ -71,7 +71,8 @@ def encode(
     cardinalities: Sequence[int],
     transform: NumericalTransform,
 ) -> DataFrame:
-    """Well-formed rows with `_line` -> [_file, _line, _label, _num<i> (double), _cat<i> (int)]."""
+    """Well-formed rows with `_line` -> [_file, _line, _label, _num<i> (double),
+    _cat<i> (int, or array<int> for a variable-length feature)]."""
     from pyspark.sql import functions as F
 
     schema = rows.schema
@@ -79,14 +80,25 @@ def encode(
     for index, column in enumerate(layout.categorical):
         name = categorical_column(index)
         if column.kind == CategoricalKind.ID or vocabulary_dir is None:
-            cat_values.append(F.coalesce(F.col(name).cast("int"), F.lit(0)).alias(name))
+            if column.variable_length:
+                ids = F.transform(name, lambda value: F.coalesce(value.cast("int"), F.lit(0)))
+                cat_values.append(ids.alias(name))
+            else:
+                cat_values.append(F.coalesce(F.col(name).cast("int"), F.lit(0)).alias(name))
             continue
-        vocabulary = read_vocabulary(spark, vocabulary_dir, index, schema[name].dataType)
+        value_type = schema[name].dataType
+        if column.variable_length:
+            value_type = value_type.elementType  # type: ignore[attr-defined]
+        vocabulary = read_vocabulary(spark, vocabulary_dir, index, value_type)
         vocabulary = vocabulary.select(
             F.col(VALUE_COLUMN).alias(f"_v{index}"), F.col(ID_COLUMN).alias(f"_id{index}")
         )
         if cardinalities[index] <= BROADCAST_VOCABULARY_IDS:
             vocabulary = F.broadcast(vocabulary)
+        if column.variable_length:
+            rows = _join_list_ids(rows, index, vocabulary)
+            cat_values.append(F.col(f"_id{index}").alias(name))
+            continue
         rows = rows.join(vocabulary, F.col(name) == F.col(f"_v{index}"), "left")
         cat_values.append(F.coalesce(F.col(f"_id{index}"), F.lit(0)).alias(name))
     num_values = [
@@ -94,6 +106,33 @@ def encode(
         for i in range(len(layout.numerical))
     ]
     return rows.select(FILE_COLUMN, LINE_COLUMN, LABEL_COLUMN, *num_values, *cat_values)
+
+
+def _join_list_ids(rows: DataFrame, index: int, vocabulary: DataFrame) -> DataFrame:
+    """`rows` with `_id<index>`: the ids of the list `_cat<index>`, element by element
+    through `vocabulary` [_v<index>, _id<index>] (missing, rare, unseen: 0).
+
+    The elements are looked up one per row and gathered again by (file, line), which
+    names a row of a mapping uniquely; a row with an empty list gets none back.
+    """
+    from pyspark.sql import functions as F
+
+    value, ids = f"_v{index}", f"_id{index}"
+    elements = rows.select(
+        FILE_COLUMN,
+        LINE_COLUMN,
+        F.posexplode(categorical_column(index)).alias("_position", "_element"),
+    )
+    found = elements.join(vocabulary, F.col("_element") == F.col(value), "left")
+    pairs = F.struct("_position", F.coalesce(F.col(ids), F.lit(0)).alias("_id"))
+    gathered = found.groupBy(FILE_COLUMN, LINE_COLUMN).agg(
+        F.sort_array(F.collect_list(pairs)).alias("_pairs")
+    )
+    lists = gathered.select(
+        FILE_COLUMN, LINE_COLUMN, F.transform("_pairs", lambda pair: pair["_id"]).alias(ids)
+    )
+    joined = rows.join(lists, [FILE_COLUMN, LINE_COLUMN], "left")
+    return joined.withColumn(ids, F.coalesce(F.col(ids), F.array().cast("array<int>")))
 
 
 def _transform(value: Column, transform: NumericalTransform) -> Column:

@@ -6,6 +6,10 @@ categorical features (in output channel order), and what a well-formed value of
 each looks like. Criteo's layout is `criteo_layout()`; `preproc.transcode`
 builds one from a FeatureSpec.
 
+A categorical field may hold a list of values (`variable_length`, the FeatureSpec's
+`hotness: variable`): the field is split on the layout's `list_delimiter`, and every
+element is a value of the column's kind.
+
 Spark columns are named by role and position (`_label`, `_num0`, `_cat3`), never by
 feature name, so any feature name is safe.
 """
@@ -44,12 +48,14 @@ class NumericalColumn:
 
 @dataclasses.dataclass(frozen=True)
 class CategoricalColumn:
-    """A categorical field. `cardinality` is given for `ID` columns only."""
+    """A categorical field. `cardinality` is given for `ID` columns only;
+    `variable_length`: the field holds a list of values (empty field: empty list)."""
 
     name: str
     source: str
     kind: CategoricalKind
     cardinality: int | None = None
+    variable_length: bool = False
 
     @property
     def uses_vocabulary(self) -> bool:
@@ -68,6 +74,9 @@ class InputLayout:
         numerical: numerical features, in output channel order.
         numerical_kind: how every numerical field is written.
         categorical: categorical features, in output channel order.
+        list_delimiter: the separator of list elements in a variable-length
+            field; required when there is one. It and `delimiter` must not contain
+            each other (a field would never hold a list, or never end).
     """
 
     delimiter: str
@@ -77,6 +86,7 @@ class InputLayout:
     numerical: tuple[NumericalColumn, ...]
     numerical_kind: NumericalKind
     categorical: tuple[CategoricalColumn, ...]
+    list_delimiter: str | None = None
 
     def __post_init__(self) -> None:
         if not self.delimiter or "\n" in self.delimiter or "\r" in self.delimiter:
@@ -98,6 +108,28 @@ class InputLayout:
                     f"{column.name}: an id column needs a cardinality and only it has one; "
                     f"got kind {column.kind.value} with cardinality {column.cardinality}"
                 )
+        self._check_list_delimiter()
+
+    def _check_list_delimiter(self) -> None:
+        lists = [c.name for c in self.categorical if c.variable_length]
+        separator = self.list_delimiter
+        if separator is None:
+            if lists:
+                raise PreprocessingError(
+                    f"list delimiter: expected one for the variable-length features {lists}, "
+                    f"got none"
+                )
+            return
+        if not separator or "\n" in separator or "\r" in separator:
+            raise PreprocessingError(
+                f"list delimiter: expected a non-empty separator without line breaks, "
+                f"got {separator!r}"
+            )
+        if separator in self.delimiter or self.delimiter in separator:
+            raise PreprocessingError(
+                f"list delimiter: expected a separator apart from the field delimiter "
+                f"{self.delimiter!r}, got {separator!r}"
+            )
 
     def position(self, source: str) -> int:
         """0-based index of field `source` in a line."""
@@ -107,6 +139,11 @@ class InputLayout:
     def vocabulary_columns(self) -> tuple[int, ...]:
         """Indices (channel order) of the categorical features that get a vocabulary."""
         return tuple(i for i, c in enumerate(self.categorical) if c.uses_vocabulary)
+
+    @property
+    def variable_length(self) -> tuple[bool, ...]:
+        """Per categorical feature (channel order): whether it holds a list of values."""
+        return tuple(c.variable_length for c in self.categorical)
 
 
 # Spark column names: by role and position, never by feature name.

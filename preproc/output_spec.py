@@ -2,8 +2,10 @@
 
 Per mapping: `<mapping>/label.bin`, `<mapping>/numerical.bin` and
 `<mapping>/cat_<i>.bin` (i = position in the categorical channel), whatever the
-features are called; ids in the smallest dtype that holds the cardinality. With
-Criteo's names this is exactly `feature_spec.build_split_binary_spec`.
+features are called, plus `<mapping>/cat_<i>.offsets.bin` for a variable-length
+feature (`hotness: variable`); ids in the smallest dtype that holds the
+cardinality. With Criteo's names this is exactly
+`feature_spec.build_split_binary_spec`.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from feature_spec import (
 )
 from feature_spec.criteo import LABEL_FILE, NUMERICAL_FILE
 from preproc.layout import InputLayout
-from preproc.partition_writer import categorical_file
+from preproc.partition_writer import categorical_file, categorical_offsets_file
 
 
 def dataset_spec(
@@ -41,17 +43,20 @@ def dataset_spec(
     features = {label: Feature(label, "bool")}
     for name in numerical:
         features[name] = Feature(name, "float16")
-    for name, cardinality in zip(categorical, cardinalities, strict=True):
-        features[name] = Feature(name, minimal_categorical_dtype(cardinality), cardinality)
+    for column, cardinality in zip(layout.categorical, cardinalities, strict=True):
+        dtype = minimal_categorical_dtype(cardinality)
+        hotness = 0 if column.variable_length else 1
+        features[column.name] = Feature(column.name, dtype, cardinality, hotness)
     source_spec = {}
     for mapping in mappings:
         chunks = [Chunk(SPLIT_BINARY, (label,), (f"{mapping}/{LABEL_FILE}",))]
         if numerical:
             chunks.append(Chunk(SPLIT_BINARY, numerical, (f"{mapping}/{NUMERICAL_FILE}",)))
-        chunks += [
-            Chunk(SPLIT_BINARY, (name,), (f"{mapping}/{categorical_file(i)}",))
-            for i, name in enumerate(categorical)
-        ]
+        for i, column in enumerate(layout.categorical):
+            files = [f"{mapping}/{categorical_file(i)}"]
+            if column.variable_length:
+                files.append(f"{mapping}/{categorical_offsets_file(i)}")
+            chunks.append(Chunk(SPLIT_BINARY, (column.name,), tuple(files)))
         source_spec[mapping] = tuple(chunks)
     return FeatureSpec(
         features=features,

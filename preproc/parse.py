@@ -7,12 +7,15 @@ on the delimiter and checked field by field against the `InputLayout`:
   accepted, the missing trailing fields read as empty (real logs cut them off);
 - the label must be 0 or 1 (`label`);
 - a non-empty numerical field must be a number of the layout's kind (`numerical`);
-- a non-empty categorical field must be a value of its kind (`categorical`);
+- a non-empty categorical field must be a value of its kind (`categorical`); in a
+  variable-length field, every element of the list must (the message names it);
 - a line equal to the field names is a header line, skipped and counted apart.
 
-An empty field is a missing value (null). Every line keeps where it came from: the
-file index, the start of the file block Spark read it in and a row id increasing
-within the block, from which `LineIndex` gives exact line numbers.
+An empty field is a missing value (null); an empty variable-length field is an
+empty list, an empty element of a list a missing value (null). Every line keeps
+where it came from: the file index, the start of the file block Spark read it in
+and a row id increasing within the block, from which `LineIndex` gives exact line
+numbers.
 """
 
 from __future__ import annotations
@@ -90,7 +93,8 @@ def parse_lines(lines: DataFrame, layout: InputLayout) -> DataFrame:
     `_reason` is null for a well-formed line, `header`, or one of
     `MALFORMED_REASONS` with `_detail` saying which field and what was expected.
     Missing values are null; numerical values are long (integer kind) or double,
-    categorical values long (id) or string (hex, token: the text as written).
+    categorical values long (id) or string (hex, token: the text as written), an
+    array of them for a variable-length feature.
 
     One regular expression checks a whole line; the field-by-field checks that
     find the reason run only for the lines it rejects.
@@ -134,6 +138,12 @@ def parse_lines(lines: DataFrame, layout: InputLayout) -> DataFrame:
 
     for index, column in enumerate(layout.categorical):
         value = field(column.source)
+        if column.variable_length:
+            parsed_list, check_list = _parse_list(layout, column, value)
+            values.append(parsed_list.alias(categorical_column(index)))
+            if check_list is not None:
+                checks["categorical"].append(check_list)
+            continue
         if column.kind == CategoricalKind.HEX:
             check = valid(column.source, _PATTERNS[column.kind])
             parsed = value  # a token: as text, as it was written
@@ -178,6 +188,49 @@ def parse_lines(lines: DataFrame, layout: InputLayout) -> DataFrame:
     )
 
 
+def _parse_list(
+    layout: InputLayout, column: CategoricalColumn, value: Column
+) -> tuple[Column, tuple[Column, Column] | None]:
+    """A variable-length field's elements (null: an empty element) and, unless any
+    text is valid (token), its check and the message naming the first bad element."""
+    from pyspark.sql import functions as F
+
+    assert layout.list_delimiter is not None  # checked by InputLayout
+    elements = F.split(value, "\\Q" + layout.list_delimiter + "\\E", -1)
+    element_type = "bigint" if column.kind == CategoricalKind.ID else "string"
+
+    def parse(element: Column) -> Column:
+        parsed = element.cast(element_type) if column.kind == CategoricalKind.ID else element
+        return F.when(element != "", parsed)
+
+    # `split` of an empty field is one empty element; the field is an empty list.
+    empty = F.array().cast(f"array<{element_type}>")
+    parsed = F.when(value == "", empty).otherwise(F.transform(elements, parse))
+    pattern = _PATTERNS.get(column.kind)
+    if pattern is None:
+        return parsed, None
+
+    def valid(element: Column) -> Column:
+        good = element.rlike(f"^(?:{pattern})$")
+        if column.kind == CategoricalKind.ID:
+            good = good & (element.cast("long") < F.lit(column.cardinality))
+        return (element == "") | good
+
+    check = (value == "") | F.forall(elements, valid)
+    bad_indices = F.transform(elements, lambda element, i: F.when(~valid(element), i))
+    first = F.array_min(bad_indices)  # 0-based; nulls (valid elements) are ignored
+    first_bad = F.get(elements, first)
+    position = layout.position(column.source)
+    detail = F.concat(
+        F.lit(f"field {position + 1} ({column.source}), list element "),
+        (first + 1).cast("string"),
+        F.lit(f": expected {_expected(column)}, got '"),
+        F.substring(first_bad, 1, _QUOTED_CHARS),
+        F.lit("'"),
+    )
+    return parsed, (check, detail)
+
+
 def line_pattern(layout: InputLayout) -> str:
     """A regular expression (Java) matching exactly the lines whose fields are all
     well-formed, trailing fields optional; ids are not range-checked by it."""
@@ -189,7 +242,11 @@ def line_pattern(layout: InputLayout) -> str:
         kinds[number.source] = f"(?:{_PATTERNS[layout.numerical_kind]})?"
     for column in layout.categorical:
         pattern = _PATTERNS.get(column.kind)
-        kinds[column.source] = f"(?:{pattern})?" if pattern else token
+        if pattern and column.variable_length:
+            separator = "\\Q" + str(layout.list_delimiter) + "\\E"
+            kinds[column.source] = f"(?:{pattern})?(?:{separator}(?:{pattern})?)*"
+        else:
+            kinds[column.source] = f"(?:{pattern})?" if pattern else token
     fields = [kinds[source] for source in layout.fields]
     tail = ""
     for pattern in reversed(fields[1:]):

@@ -8,6 +8,12 @@ renamed into place when complete, so a retried task replaces it whole and a
 failed one leaves no part. The driver then concatenates the buckets' files in
 bucket order: one file per feature, rows in the final order.
 
+A variable-length feature's part is its ids, one row's after another, and the
+row lengths (`cat_<i>.lengths.bin`, int64): a task cannot know how many ids the
+buckets before its own hold. The driver turns the lengths into the global row
+offsets (`cat_<i>.offsets.bin`, int64 [rows + 1] from 0) as it joins the buckets,
+carrying the running id count from one bucket to the next.
+
 The executors must see the output directory (always true in local mode; on a
 cluster, a shared file system).
 """
@@ -35,11 +41,25 @@ def categorical_file(index: int) -> str:
     return f"{categorical_name(index)}.bin"
 
 
+def categorical_offsets_file(index: int) -> str:
+    """The row offsets of a variable-length feature (as feature_spec names them)."""
+    return f"{categorical_name(index)}.offsets.bin"
+
+
+def _lengths_file(index: int) -> str:
+    return f"{categorical_name(index)}.lengths.bin"
+
+
 @dataclasses.dataclass(frozen=True)
 class PartFormat:
     """What a task writes: where, and the dtype and id range of each column.
 
-    Rows given to `write_partition` are (bucket, label, numerical..., categorical...).
+    Rows given to `write_partition` are (bucket, label, numerical..., categorical...);
+    a variable-length categorical value is a sequence of ids.
+
+    Attributes:
+        variable_length: per categorical feature, whether it is a list of ids;
+            empty: none is.
     """
 
     parts_dir: str
@@ -47,13 +67,29 @@ class PartFormat:
     categorical_dtypes: tuple[str, ...]
     cardinalities: tuple[int, ...]
     batch_rows: int = 65536
+    variable_length: tuple[bool, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.variable_length and len(self.variable_length) != len(self.cardinalities):
+            raise ValueError(
+                f"variable_length: expected one flag per categorical feature "
+                f"({len(self.cardinalities)}), got {len(self.variable_length)}"
+            )
+
+    def is_variable_length(self, index: int) -> bool:
+        return bool(self.variable_length) and self.variable_length[index]
 
     @property
     def file_names(self) -> tuple[str, ...]:
+        """The files of a bucket part, in the order `_write_batch` fills them."""
         names = [LABEL_FILE]
         if self.num_numerical:
             names.append(NUMERICAL_FILE)
-        return (*names, *(categorical_file(i) for i in range(len(self.categorical_dtypes))))
+        for index in range(len(self.categorical_dtypes)):
+            names.append(categorical_file(index))
+            if self.is_variable_length(index):
+                names.append(_lengths_file(index))
+        return tuple(names)
 
 
 @dataclasses.dataclass
@@ -62,18 +98,21 @@ class PartStats:
 
     rows: int
     positives: int
-    zero_ids: list[int]  # per categorical feature: rows with id 0 (missing, rare, unseen)
+    zero_ids: list[int]  # per categorical feature: ids 0 (missing, rare, unseen)
     saturated: list[int]  # per numerical feature: values clipped to the float16 range
+    ids: list[int]  # per categorical feature: ids written (rows, unless variable-length)
 
     @classmethod
     def empty(cls, part: PartFormat) -> PartStats:
-        return cls(0, 0, [0] * len(part.cardinalities), [0] * part.num_numerical)
+        features = len(part.cardinalities)
+        return cls(0, 0, [0] * features, [0] * part.num_numerical, [0] * features)
 
     def add(self, other: PartStats) -> None:
         self.rows += other.rows
         self.positives += other.positives
         self.zero_ids = [a + b for a, b in zip(self.zero_ids, other.zero_ids, strict=True)]
         self.saturated = [a + b for a, b in zip(self.saturated, other.saturated, strict=True)]
+        self.ids = [a + b for a, b in zip(self.ids, other.ids, strict=True)]
 
 
 def write_partition(part: PartFormat, rows: Iterable[Sequence[Any]]) -> Iterator[PartStats]:
@@ -112,15 +151,24 @@ def _write_batch(
         arrays.append(clipped.astype(np.float16, order="C"))
         stats.saturated = [a + int(b) for a, b in zip(stats.saturated, saturated, strict=True)]
     for i, column in enumerate(columns[2 + n_num :]):
-        ids = np.array(column, dtype=np.int64)
+        lengths = None
+        if part.is_variable_length(i):
+            lengths = np.fromiter(map(len, column), dtype=np.int64, count=len(column))
+            elements = itertools.chain.from_iterable(column)
+            ids = np.fromiter(elements, dtype=np.int64, count=int(lengths.sum()))
+        else:
+            ids = np.array(column, dtype=np.int64)
         cardinality = part.cardinalities[i]
-        if ids.min() < 0 or ids.max() >= cardinality:
+        if ids.size and (ids.min() < 0 or ids.max() >= cardinality):
             bad = int(ids[(ids < 0) | (ids >= cardinality)][0])
             raise ValueError(
                 f"{categorical_name(i)}: expected ids in [0, {cardinality}), got {bad}"
             )
         stats.zero_ids[i] += int(np.count_nonzero(ids == 0))
+        stats.ids[i] += int(ids.size)
         arrays.append(ids.astype(part.categorical_dtypes[i]))
+        if lengths is not None:
+            arrays.append(lengths)
     for file, array in zip(files, arrays, strict=True):
         array.tofile(file)
     stats.rows += len(batch)
@@ -130,15 +178,38 @@ def _write_batch(
 def concatenate_parts(part: PartFormat, output_dir: Path) -> int:
     """Joins the bucket parts into one file per feature in `output_dir`, in bucket
     order, deleting each feature's parts once joined (so the disk holds the split
-    about once, not twice). Returns the number of buckets joined."""
+    about once, not twice); a variable-length feature's row lengths become its
+    global row offsets. Returns the number of buckets joined."""
     parts_dir = Path(part.parts_dir)
     buckets = sorted(p for p in parts_dir.iterdir() if p.is_dir() and p.name.isdigit())
+    offsets_files = {
+        _lengths_file(i): categorical_offsets_file(i)
+        for i in range(len(part.cardinalities))
+        if part.is_variable_length(i)
+    }
     for name in part.file_names:
-        with open(output_dir / name, "wb") as out:
-            for bucket in buckets:
-                with open(bucket / name, "rb") as source:
-                    shutil.copyfileobj(source, out, _COPY_BUFFER)
+        if name in offsets_files:
+            _join_offsets([bucket / name for bucket in buckets], output_dir / offsets_files[name])
+        else:
+            with open(output_dir / name, "wb") as out:
+                for bucket in buckets:
+                    with open(bucket / name, "rb") as source:
+                        shutil.copyfileobj(source, out, _COPY_BUFFER)
         for bucket in buckets:  # parts and joined files never both exist whole
             (bucket / name).unlink()
     shutil.rmtree(parts_dir)
     return len(buckets)
+
+
+def _join_offsets(lengths_files: Sequence[Path], output: Path) -> None:
+    """Writes int64 offsets [rows + 1] from 0: the running sum of the row lengths of
+    `lengths_files` in order, so each bucket's offsets go on from the ids before it."""
+    total = 0
+    with open(output, "wb") as out:
+        np.zeros(1, dtype=np.int64).tofile(out)
+        for path in lengths_files:
+            with open(path, "rb") as source:
+                while chunk := source.read(_COPY_BUFFER):  # a multiple of 8 bytes
+                    offsets = total + np.cumsum(np.frombuffer(chunk, dtype=np.int64))
+                    offsets.tofile(out)
+                    total = int(offsets[-1])

@@ -251,7 +251,8 @@ class _Run:
         if features:
             train = self._parsed_rows(TRAIN_MAPPING)
             thresholds = self.config.frequency_thresholds
-            sizes = build_vocabularies(train, features, thresholds, staging / "vocabulary")
+            lists = [i for i, variable in enumerate(layout.variable_length) if variable]
+            sizes = build_vocabularies(train, features, thresholds, staging / "vocabulary", lists)
         entries = []
         for index, column in enumerate(layout.categorical):
             if column.kind == CategoricalKind.ID:
@@ -298,6 +299,7 @@ class _Run:
             num_numerical=len(layout.numerical),
             categorical_dtypes=tuple(minimal_categorical_dtype(c) for c in cardinalities),
             cardinalities=tuple(cardinalities),
+            variable_length=layout.variable_length,
         )
         ordered = order_columns(encoded, ordering, buckets)
         stats = write_ordered(ordered, layout, part, staging, tasks, buckets)
@@ -310,6 +312,7 @@ class _Run:
             "rows": stats.rows,
             "positives": stats.positives,
             "zero_ids": stats.zero_ids,
+            "ids": stats.ids,
             "saturated": stats.saturated,
         }
 

@@ -39,6 +39,7 @@ def build_report(
     for index, column in enumerate(layout.categorical):
         feature = spec.features[column.name]
         entry = vocabulary_summary["features"][index]
+        ids = {m: split_summaries[m]["ids"][index] for m in config.mappings}
         categorical.append(
             {
                 "name": column.name,
@@ -50,9 +51,9 @@ def build_report(
                 "distinct_in_train": entry["distinct"],
                 "cardinality": feature.cardinality,
                 "dtype": feature.dtype,
+                # Of the ids written: a variable-length feature has any number a row.
                 "oov_rate": {
-                    m: _rate(split_summaries[m]["zero_ids"][index], splits[m]["rows"])
-                    for m in config.mappings
+                    m: _rate(split_summaries[m]["zero_ids"][index], ids[m]) for m in config.mappings
                 },
             }
         )

@@ -24,7 +24,8 @@ from preproc.errors import PreprocessingError
 
 SUCCESS = "_SUCCESS"
 # Bump when a change to the code changes what a stage writes: old outputs rerun.
-FORMAT_VERSION = 1
+# 2: list columns; the split summaries count the ids written per feature.
+FORMAT_VERSION = 2
 
 
 def fingerprint(settings: Mapping[str, Any]) -> str:

@@ -1,8 +1,9 @@
 """Your own delimited files (CSV, TSV) -> split binary files + feature_spec.yaml.
 
     python -m preproc.transcode --feature_spec raw/spec.yaml --output_dir data/ \
-        [--input [MAPPING=]FILE[,FILE...] ...] [--delimiter ,] [--log_transform] \
-        [--frequency_threshold N] [--feature_frequency_threshold NAME=N,...] [--strict]
+        [--input [MAPPING=]FILE[,FILE...] ...] [--delimiter ,] [--list_delimiter '|'] \
+        [--log_transform] [--frequency_threshold N] \
+        [--feature_frequency_threshold NAME=N,...] [--strict]
 
 The input spec is a FeatureSpec whose `source_spec` chunks have `type: csv`: the
 chunk's `features` are the file's columns in order, its `files` the input files
@@ -10,9 +11,12 @@ chunk's `features` are the file's columns in order, its `files` the input files
 goes to `train`); without csv chunks the columns are label, numerical, categorical
 in channel order. A categorical feature with `cardinality: auto` holds any text
 and gets ids from a vocabulary counted on the train files (as preproc.criteo);
-one with an integer cardinality already holds ids in [0, cardinality). Labels are
-0 or 1; numericals are numbers, missing -> 0, optionally log(1 + max(x, 0)).
-See docs/byo_dataset.md.
+one with an integer cardinality already holds ids in [0, cardinality). A
+categorical feature with `hotness: variable` holds a list of such values per
+field, separated by `--list_delimiter` (default `|`, or `;` when the field
+delimiter is `|`); an empty field is an empty list. It is written as ids and
+int64 row offsets. Labels are 0 or 1; numericals are numbers, missing -> 0,
+optionally log(1 + max(x, 0)). See docs/byo_dataset.md.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from feature_spec import (
     AUTO_CARDINALITY,
     SPLIT_BINARY,
     TRAIN_MAPPING,
+    VARIABLE_HOTNESS,
     FeatureSpec,
     FeatureSpecError,
 )
@@ -53,6 +58,8 @@ from preproc.layout import (
 CSV_CHUNK = "csv"
 _MAPPING_PREFIX = re.compile(r"^([A-Za-z][A-Za-z0-9_]*)=(.+)$")
 _DELIMITER_NAMES = {"tab": "\t", "\\t": "\t", "comma": ",", "semicolon": ";", "pipe": "|"}
+# The default list delimiter: the first of these apart from the field delimiter.
+_LIST_DELIMITERS = ("|", ";", ",")
 
 
 def read_input_spec(
@@ -120,7 +127,7 @@ def _validated(raw: Mapping[str, Any], path: Path) -> FeatureSpec:
     numerical = channels.get("numerical") if isinstance(channels, Mapping) else None
     numerical = [str(n) for n in numerical] if isinstance(numerical, list) else []
     chunks = [
-        {"type": SPLIT_BINARY, "features": [name], "files": [f"{name}.bin"]}
+        {"type": SPLIT_BINARY, "features": [name], "files": _stand_in_files(name, features)}
         for name in names
         if name not in numerical
     ]
@@ -134,13 +141,24 @@ def _validated(raw: Mapping[str, Any], path: Path) -> FeatureSpec:
     except FeatureSpecError as err:
         raise err.with_source(str(path)) from None
     for feature in spec.categorical_features:
-        if feature.hotness != 1:
+        if feature.hotness > 1:
             raise FeatureSpecError(
-                f"feature_spec.{feature.name}.hotness: transcode reads one value per field; "
-                f"expected 1, got {feature.hotness}",
+                f"feature_spec.{feature.name}.hotness: transcode reads one value or a list "
+                f"of values per field; expected 1 or {VARIABLE_HOTNESS!r}, got "
+                f"{feature.hotness} (a fixed number of ids per row is not supported: "
+                f"declare it {VARIABLE_HOTNESS!r} and write the ids as a list)",
                 str(path),
             )
     return spec
+
+
+def _stand_in_files(name: str, features: Any) -> list[str]:
+    """The split-binary files FeatureSpec expects of feature `name` of the raw
+    `feature_spec` section: two (ids and offsets) when it is `hotness: variable`."""
+    entries = {str(k): v for k, v in features.items()} if isinstance(features, Mapping) else {}
+    entry = entries.get(name)
+    variable = isinstance(entry, Mapping) and entry.get("hotness") == VARIABLE_HOTNESS
+    return [f"{name}.bin", f"{name}.offsets.bin"] if variable else [f"{name}.bin"]
 
 
 def parse_inputs(items: Sequence[str]) -> dict[str, list[Path]]:
@@ -168,21 +186,59 @@ def parse_delimiter(text: str | None, first_file: Path) -> str:
     return delimiter
 
 
-def build_layout(spec: FeatureSpec, columns: Sequence[str] | None, delimiter: str) -> InputLayout:
-    """The input layout of a validated input spec."""
+def parse_list_delimiter(text: str | None, delimiter: str) -> str:
+    """The `--list_delimiter` value (names such as `pipe` allowed), or by default `|`
+    (`;` when the field delimiter holds `|`, then `,`): never one that contains the
+    field delimiter or is contained in it."""
+    if text is None:
+        apart = [d for d in _LIST_DELIMITERS if d not in delimiter and delimiter not in d]
+        if not apart:
+            raise PreprocessingError(
+                f"--list_delimiter: the defaults {list(_LIST_DELIMITERS)} all clash with the "
+                f"field delimiter {delimiter!r}; expected --list_delimiter to name one"
+            )
+        return apart[0]
+    separator = _DELIMITER_NAMES.get(text, text)
+    if not separator or "\n" in separator or "\r" in separator:
+        raise PreprocessingError(
+            f"--list_delimiter: expected a separator such as | or ;, got {text!r}"
+        )
+    if separator in delimiter or delimiter in separator:
+        raise PreprocessingError(
+            f"--list_delimiter: expected a separator apart from the field delimiter "
+            f"{delimiter!r} (neither may contain the other), got {text!r}"
+        )
+    return separator
+
+
+def build_layout(
+    spec: FeatureSpec,
+    columns: Sequence[str] | None,
+    delimiter: str,
+    list_delimiter: str | None = None,
+) -> InputLayout:
+    """The input layout of a validated input spec. `list_delimiter` (None: the
+    default for `delimiter`) is kept only when a feature is variable-length."""
     label = spec.label_feature.name
     numerical = tuple(NumericalColumn(f.name, f.name) for f in spec.numerical_features)
     categorical = []
     for feature in spec.categorical_features:
         if feature.cardinality == AUTO_CARDINALITY:
-            categorical.append(CategoricalColumn(feature.name, feature.name, CategoricalKind.TOKEN))
+            kind, cardinality = CategoricalKind.TOKEN, None
         else:
-            cardinality = int(feature.cardinality)  # type: ignore[arg-type]
-            categorical.append(
-                CategoricalColumn(feature.name, feature.name, CategoricalKind.ID, cardinality)
+            kind, cardinality = CategoricalKind.ID, int(feature.cardinality)  # type: ignore[arg-type]
+        categorical.append(
+            CategoricalColumn(
+                feature.name, feature.name, kind, cardinality, feature.is_variable_length
             )
+        )
     if columns is None:
         columns = (label, *(c.name for c in numerical), *(c.name for c in categorical))
+    if any(c.variable_length for c in categorical):
+        if list_delimiter is None:
+            list_delimiter = parse_list_delimiter(None, delimiter)
+    else:
+        list_delimiter = None  # unused: kept out of the parse stage's fingerprint
     return InputLayout(
         delimiter=delimiter,
         fields=tuple(columns),
@@ -191,6 +247,7 @@ def build_layout(spec: FeatureSpec, columns: Sequence[str] | None, delimiter: st
         numerical=numerical,
         numerical_kind=NumericalKind.FLOAT,
         categorical=tuple(categorical),
+        list_delimiter=list_delimiter,
     )
 
 
@@ -211,6 +268,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="input files of a mapping (bare: train); replace the spec's csv files",
     )
     parser.add_argument("--delimiter", help="field separator (default: tab for .tsv, else ,)")
+    parser.add_argument(
+        "--list_delimiter",
+        help="separator of the values of a `hotness: variable` field (default: |, or ; "
+        "when the field separator is |)",
+    )
     add_output_flags(parser)
     parser.add_argument(
         "--log_transform",
@@ -236,7 +298,9 @@ def transcode_config(args: argparse.Namespace) -> PipelineConfig:
                 raise PreprocessingError(f"input file {path}: expected an existing file")
     mappings = (TRAIN_MAPPING, *(m for m in files if m != TRAIN_MAPPING))
     first = files[TRAIN_MAPPING][0]
-    layout = build_layout(spec, columns, parse_delimiter(args.delimiter, first))
+    delimiter = parse_delimiter(args.delimiter, first)
+    list_delimiter = parse_list_delimiter(args.list_delimiter, delimiter)
+    layout = build_layout(spec, columns, delimiter, list_delimiter)
     names = [(c.name,) for c in layout.categorical]
     thresholds = parse_thresholds(
         args.frequency_threshold,

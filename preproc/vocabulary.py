@@ -2,8 +2,9 @@
 
 Per feature, values seen at least `threshold` times in training get ids 1, 2, ...
 in descending frequency (ties by ascending value, so ids are deterministic); id 0
-stands for missing, rare and unseen values. Counting the test rows too would leak
-their distribution into training; they are not counted.
+stands for missing, rare and unseen values. A variable-length feature counts the
+elements of its lists: each occurrence is one count. Counting the test rows too
+would leak their distribution into training; they are not counted.
 
 Stored as Parquet partitioned by feature: [_value, _count, _id], `_feature=<i>/`.
 """
@@ -11,14 +12,14 @@ Stored as Parquet partitioned by feature: [_value, _count, _id], `_feature=<i>/`
 from __future__ import annotations
 
 import shutil
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from preproc.layout import categorical_column
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql import Column, DataFrame, SparkSession
     from pyspark.sql.types import DataType
 
 FEATURE_COLUMN = "_feature"
@@ -32,6 +33,7 @@ def build_vocabularies(
     features: Sequence[int],
     thresholds: Sequence[int],
     output: Path,
+    variable_length: Collection[int] = (),
 ) -> dict[int, dict[str, int]]:
     """Counts, thresholds and numbers the values of `features` and writes the result.
 
@@ -40,6 +42,7 @@ def build_vocabularies(
         features: categorical indices (channel order) that get a vocabulary.
         thresholds: per categorical index, the minimum count to get an id.
         output: the Parquet directory to write.
+        variable_length: the indices whose `_cat<i>` is an array of values.
 
     Returns:
         Per feature: {"distinct": values seen in training, "kept": values with an id}.
@@ -47,18 +50,17 @@ def build_vocabularies(
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
+    def pairs_of(index: int) -> Column:
+        """[(feature, value)] of one row: one pair, or one per list element."""
+
+        def pair(value: Column) -> Column:
+            return F.struct(F.lit(index).alias(FEATURE_COLUMN), value.alias(VALUE_COLUMN))
+
+        column = F.col(categorical_column(index))
+        return F.transform(column, pair) if index in variable_length else F.array(pair(column))
+
     pairs = train_rows.select(
-        F.explode(
-            F.array(
-                *[
-                    F.struct(
-                        F.lit(i).alias(FEATURE_COLUMN),
-                        F.col(categorical_column(i)).alias(VALUE_COLUMN),
-                    )
-                    for i in features
-                ]
-            )
-        ).alias("_pair")
+        F.explode(F.concat(*[pairs_of(i) for i in features])).alias("_pair")
     ).select(f"_pair.{FEATURE_COLUMN}", f"_pair.{VALUE_COLUMN}")
     # The counts are used twice; written once (not cached) so that adaptive execution
     # sizes the tasks, and deleted after.

@@ -1,7 +1,9 @@
 """preproc.transcode on a small non-Criteo schema (the one of docs/byo_dataset.md),
 checked against a pure-Python model: `auto` cardinalities computed from the train
 files, a pre-encoded id feature, columns in another order than the channels, a
-header line, a gzipped file, malformed lines and out-of-float16-range values."""
+header line, a gzipped file, malformed lines and out-of-float16-range values; and
+list columns (`hotness: variable`): ids and global row offsets, empty lists, bad
+list elements."""
 
 from __future__ import annotations
 
@@ -16,7 +18,9 @@ import numpy as np
 import pytest
 import yaml
 
+from dataloading.files import SplitBinaryFiles
 from feature_spec import FeatureSpec, minimal_categorical_dtype
+from preproc.errors import PreprocessingError
 from preproc.pipeline import run_pipeline
 from preproc.spark import SparkSettings, start_spark
 from preproc.transcode import build_parser, transcode_config
@@ -25,6 +29,7 @@ from tests.integration.scripts.preproc_reference import (
     build_vocabulary,
     expected_arrays,
     read_mapping,
+    shuffle_key,
     train_one_step,
 )
 
@@ -195,3 +200,153 @@ def test_transcode_matches_the_python_model(spark: Any, raw: Path, tmp_path: Pat
 
     loss, change = train_one_step(out)
     assert np.isfinite(loss) and change > 0
+
+
+# ------------------------------------------------------------------ list columns
+
+# tags: text values, `auto`; slots: ids given, cardinality 9; both `hotness: variable`.
+LIST_COLUMNS = ("clicked", "tags", "price", "slots", "country")
+SLOTS = 9
+LIST_SPEC = {
+    "channel_spec": {
+        "label": ["clicked"], "numerical": ["price"], "categorical": ["country", "tags", "slots"]
+    },
+    "feature_spec": {
+        "clicked": {"dtype": "bool"},
+        "price": {"dtype": "float16"},
+        "country": {"dtype": "int32", "cardinality": "auto"},
+        "tags": {"dtype": "int32", "cardinality": "auto", "hotness": "variable"},
+        "slots": {"dtype": "int32", "cardinality": SLOTS, "hotness": "variable"},
+    },
+    "source_spec": {
+        "train": [{"type": "csv", "features": list(LIST_COLUMNS), "files": ["train.csv"]}],
+        "test": [{"type": "csv", "features": list(LIST_COLUMNS), "files": ["test.csv"]}],
+    },
+}  # fmt: skip
+BAD_SLOTS = {"3|12": ("2", "'12'"), "x": ("1", "'x'"), "4|5|-1": ("3", "'-1'")}
+
+
+def listing(rng: random.Random) -> str:
+    tags = [rng.choice(["sport", "news", "news", "car", "tv", f"t{rng.randrange(30)}", ""])]
+    tags = tags[: rng.randrange(4)] + [rng.choice(["news", "car", "x"]) for _ in range(3)]
+    slots = [str(rng.randrange(SLOTS)) for _ in range(rng.choice([0, 0, 1, 2, 5]))]
+    fields = {
+        "clicked": rng.choice("01"),
+        "tags": "|".join(tags[: rng.choice([0, 1, 2, 4])]),
+        "price": f"{rng.randrange(100)}",
+        "slots": "|".join(slots),
+        "country": rng.choice(["DE", "US", "FR", ""]),
+    }
+    return ",".join(fields[c] for c in LIST_COLUMNS)
+
+
+def expected_lists(
+    lines: list[str], vocabulary: dict[Any, int], ordered: list[int]
+) -> dict[str, tuple[list[int], list[int]]]:
+    """name -> (ids, offsets) of the well-formed `lines` in the order of line numbers
+    `ordered`: each list element through the vocabulary (tags) or as an id (slots);
+    an empty field is no ids, an empty element missing (0)."""
+    out: dict[str, tuple[list[int], list[int]]] = {}
+    for name in ("tags", "slots"):
+        ids, offsets = [], [0]
+        for number in ordered:
+            field = dict(zip(LIST_COLUMNS, lines[number].split(","), strict=True))[name]
+            elements = field.split("|") if field else []
+            if name == "tags":
+                ids += [vocabulary.get(e, 0) if e else 0 for e in elements]
+            else:
+                ids += [int(e) if e else 0 for e in elements]
+            offsets.append(len(ids))
+        out[name] = (ids, offsets)
+    return out
+
+
+@pytest.fixture(scope="module")
+def raw_lists(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("lists")
+    rng = random.Random(11)
+    train = [listing(rng) for _ in range(300)]
+    train[7] = "1,news||car,3,|4|,DE"  # empty elements: missing values
+    train[8] = "0,,5,,US"  # two empty lists
+    train[40:40] = [f"0,news,1,{slots},DE" for slots in BAD_SLOTS]  # malformed
+    test = [listing(rng) for _ in range(80)] + ["1,zzz|news|,2,8|0,JP"]
+    (out / "train.csv").write_text("\n".join(train) + "\n")
+    (out / "test.csv").write_text("\n".join(test) + "\n")
+    (out / "spec.yaml").write_text(yaml.safe_dump(LIST_SPEC, sort_keys=False))
+    return out
+
+
+def test_list_columns_write_ids_and_global_offsets(
+    spark: Any, raw_lists: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "dataset"
+    args = build_parser().parse_args(
+        [
+            "--feature_spec", str(raw_lists / "spec.yaml"), "--output_dir", str(out),
+            "--frequency_threshold", str(THRESHOLD), "--seed", "4",
+            "--rows_per_partition", "40",  # many tasks and buckets: offsets must carry over
+        ]
+    )  # fmt: skip
+    report = run_pipeline(transcode_config(args), spark, console=lambda line: None)
+
+    train = (raw_lists / "train.csv").read_text().split("\n")[:-1]
+    test = (raw_lists / "test.csv").read_text().split("\n")[:-1]
+    bad = [n for n, line in enumerate(train) if line.split(",")[3] in BAD_SLOTS]
+    assert len(bad) == len(BAD_SLOTS) and report["malformed"]["categorical"] == len(bad)
+    good = [n for n in range(len(train)) if n not in bad]
+    tags = [e for n in good for e in train[n].split(",")[1].split("|") if e]
+    vocabulary = build_vocabulary(tags, THRESHOLD)
+    assert "x" in vocabulary and vocabulary["news"] == 1  # the most frequent element
+
+    spec = FeatureSpec.load(out, required_mappings=("train", "test"))
+    features = {f.name: f for f in spec.categorical_features}
+    assert [f.hotness for f in spec.categorical_features] == [1, 0, 0]
+    assert features["tags"].cardinality == len(vocabulary) + 1
+    assert features["slots"].cardinality == SLOTS
+    assert spec.files("train").offsets == {
+        "tags": out / "train" / "cat_1.offsets.bin",
+        "slots": out / "train" / "cat_2.offsets.bin",
+    }
+
+    train_order = sorted(good, key=lambda n: (shuffle_key(4, "train.csv", n), n))
+    expected = {
+        "train": expected_lists(train, vocabulary, train_order),
+        "test": expected_lists(test, vocabulary, list(range(len(test)))),
+    }
+    assert expected["train"]["slots"][1][1:3] != [0, 0]  # some rows have slots
+    for mapping, lists in expected.items():
+        files = SplitBinaryFiles.open(spec, mapping)
+        assert files.rows == len(lists["tags"][1]) - 1
+        for name, (ids, offsets) in lists.items():
+            values = np.fromfile(files.categorical[name].path, dtype=features[name].dtype)
+            stored = np.fromfile(files.offsets[name].path, dtype=np.int64)
+            np.testing.assert_array_equal(stored, offsets, err_msg=f"{mapping}/{name} offsets")
+            np.testing.assert_array_equal(values, ids, err_msg=f"{mapping}/{name} ids")
+        files.check_ids(spec)
+    # The hand-written rows: "news||car" -> [news, 0, car]; "|4|" -> [0, 4, 0].
+    row = train_order.index(7)
+    ids, offsets = expected["train"]["tags"]
+    assert ids[offsets[row] : offsets[row + 1]] == [1, 0, vocabulary["car"]]
+    ids, offsets = expected["train"]["slots"]
+    assert ids[offsets[row] : offsets[row + 1]] == [0, 4, 0]
+    row = train_order.index(8)
+    assert offsets[row] == offsets[row + 1]
+
+    tags_report = next(c for c in report["categorical"] if c["name"] == "tags")
+    test_ids = expected["test"]["tags"][0]
+    assert tags_report["oov_rate"]["test"] == test_ids.count(0) / len(test_ids)
+
+
+def test_strict_names_the_bad_list_element(spark: Any, raw_lists: Path, tmp_path: Path) -> None:
+    args = build_parser().parse_args(
+        [
+            "--feature_spec", str(raw_lists / "spec.yaml"), "--output_dir", str(tmp_path / "o"),
+            "--strict",
+        ]
+    )  # fmt: skip
+    message = (
+        r"train\.csv:41: malformed line \(categorical\): field 4 \(slots\), list element 2: "
+        r"expected an integer id in \[0, 9\), got '12'\. 3 malformed lines in all"
+    )
+    with pytest.raises(PreprocessingError, match=message):
+        run_pipeline(transcode_config(args), spark, console=lambda line: None)

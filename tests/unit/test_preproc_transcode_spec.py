@@ -1,5 +1,6 @@
-"""preproc.transcode's input: the spec with csv chunks and `auto` cardinalities,
---input and --delimiter, and errors that name the file, key or flag (no Spark)."""
+"""preproc.transcode's input: the spec with csv chunks, `auto` cardinalities and
+`hotness: variable` list columns, --input, --delimiter and --list_delimiter, and
+errors that name the file, key or flag (no Spark)."""
 
 from __future__ import annotations
 
@@ -11,12 +12,13 @@ import yaml
 
 from feature_spec import FeatureSpecError
 from preproc.errors import PreprocessingError
-from preproc.layout import CategoricalKind
+from preproc.layout import CategoricalColumn, CategoricalKind, InputLayout, NumericalKind
 from preproc.transcode import (
     build_layout,
     build_parser,
     parse_delimiter,
     parse_inputs,
+    parse_list_delimiter,
     read_input_spec,
     transcode_config,
 )
@@ -90,7 +92,13 @@ MULTI_HOT = {**FEATURES, "d": {"dtype": "int8", "cardinality": 7, "hotness": 2}}
         ),
         (
             {"feature_spec": MULTI_HOT},
-            "feature_spec.d.hotness: transcode reads one value per field; expected 1, got 2",
+            r"feature_spec.d.hotness: transcode reads one value or a list of values per "
+            r"field; expected 1 or 'variable', got 2 \(a fixed number of ids per row is not "
+            r"supported: declare it 'variable'",
+        ),
+        (
+            {"feature_spec": {**FEATURES, "a": {"dtype": "float16", "hotness": "variable"}}},
+            r"feature_spec.a: cardinality/hotness apply to categorical features only",
         ),
     ],
 )
@@ -116,6 +124,70 @@ def test_inputs_and_delimiters() -> None:
         parse_delimiter("\n", Path("x"))
 
 
+VARIABLE = {
+    **FEATURES,
+    "c": {"dtype": "int32", "cardinality": "auto", "hotness": "variable"},
+    "d": {"dtype": "int8", "cardinality": 7, "hotness": "variable"},
+}
+
+
+def test_variable_hotness_features_are_list_columns(tmp_path: Path) -> None:
+    spec, columns, _ = read_input_spec(write(tmp_path, spec_dict(feature_spec=VARIABLE)))
+    assert [f.is_variable_length for f in spec.categorical_features] == [True, True]
+    layout = build_layout(spec, columns, ",")
+    assert [(c.name, c.kind, c.variable_length) for c in layout.categorical] == [
+        ("c", CategoricalKind.TOKEN, True),
+        ("d", CategoricalKind.ID, True),
+    ]
+    assert layout.variable_length == (True, True) and layout.vocabulary_columns == (0,)
+    assert layout.list_delimiter == "|"  # the default beside commas
+    assert build_layout(spec, columns, "|").list_delimiter == ";"
+    assert build_layout(spec, columns, "\t", ",").list_delimiter == ","
+    one_hot, columns, _ = read_input_spec(write(tmp_path, spec_dict()))
+    assert build_layout(one_hot, columns, ",", ";").list_delimiter is None  # unused
+
+
+def test_list_delimiters() -> None:
+    assert parse_list_delimiter(None, ",") == "|" and parse_list_delimiter(None, "\t") == "|"
+    assert parse_list_delimiter(None, "|") == ";" and parse_list_delimiter(None, "|;") == ","
+    assert parse_list_delimiter("semicolon", ",") == ";"
+    assert parse_list_delimiter("::", "\t") == "::"
+    clash = (
+        r"--list_delimiter: expected a separator apart from the field delimiter ',' "
+        r"\(neither may contain the other\), got ','"
+    )
+    with pytest.raises(PreprocessingError, match=clash):
+        parse_list_delimiter(",", ",")
+    with pytest.raises(PreprocessingError, match=r"--list_delimiter: .* got ',,'"):
+        parse_list_delimiter(",,", ",")
+    with pytest.raises(PreprocessingError, match="--list_delimiter: expected a separator such"):
+        parse_list_delimiter("", ",")
+    with pytest.raises(PreprocessingError, match=r"all clash with the field delimiter '\|;,'"):
+        parse_list_delimiter(None, "|;,")
+
+
+def test_layout_needs_a_list_delimiter_for_list_columns() -> None:
+    def layout(list_delimiter: str | None) -> InputLayout:
+        return InputLayout(
+            delimiter="\t",
+            fields=("y", "tags"),
+            label_source="y",
+            label_name="y",
+            numerical=(),
+            numerical_kind=NumericalKind.FLOAT,
+            categorical=(CategoricalColumn("tags", "tags", CategoricalKind.TOKEN, None, True),),
+            list_delimiter=list_delimiter,
+        )
+
+    assert layout("|").variable_length == (True,)
+    with pytest.raises(
+        PreprocessingError, match=r"expected one for the variable-length .*\['tags'\]"
+    ):
+        layout(None)
+    with pytest.raises(PreprocessingError, match="apart from the field delimiter"):
+        layout("\t")
+
+
 def test_config_from_flags(tmp_path: Path) -> None:
     path = write(tmp_path, spec_dict())
     (tmp_path / "t.csv").write_text("")
@@ -130,6 +202,17 @@ def test_config_from_flags(tmp_path: Path) -> None:
     assert config.layout.delimiter == ","  # from the first train file
     assert config.frequency_thresholds == (3, 3)
     assert config.shuffle_train and config.numerical_transform.value == "none"
+    assert config.layout.list_delimiter is None  # no list column
+    lists = write(tmp_path, spec_dict(feature_spec=VARIABLE))
+    args = build_parser().parse_args(
+        ["--feature_spec", str(lists), "--output_dir", "o", "--list_delimiter", "pipe"]
+    )
+    assert transcode_config(args).layout.list_delimiter == "|"
+    args = build_parser().parse_args(
+        ["--feature_spec", str(lists), "--output_dir", "o", "--list_delimiter", ","]
+    )
+    with pytest.raises(PreprocessingError, match="--list_delimiter: expected a separator apart"):
+        transcode_config(args)
     missing = build_parser().parse_args([*common, "--input", "train=nowhere.csv"])
     with pytest.raises(PreprocessingError, match=r"input file nowhere\.csv: expected an existing"):
         transcode_config(missing)

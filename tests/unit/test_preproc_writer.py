@@ -1,5 +1,5 @@
-"""Part files written per bucket and joined in order; the output spec layout; the
-report table."""
+"""Part files written per bucket and joined in order (list columns: ids and global
+row offsets); the output spec layout; the report table."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from feature_spec import build_split_binary_spec
+from dataloading.files import SplitBinaryFiles
+from feature_spec import FeatureSpec, build_split_binary_spec
 from preproc.layout import (
     CategoricalColumn,
     CategoricalKind,
@@ -62,6 +63,75 @@ def test_saturation_is_counted_and_ids_are_checked(tmp_path: Path) -> None:
     assert numerical.tolist() == [[65504.0, -65504.0], [65504.0, 1.0]]
     with pytest.raises(ValueError, match=r"cat_1: expected ids in \[0, 300\), got 300"):
         list(write_partition(part, [(0, True, 0.0, 0.0, 0, 300, 0)]))
+
+
+def list_rows(bucket: int, start: int, count: int) -> list[tuple[object, ...]]:
+    """(bucket, label, numerical, one-hot id, ids of a list of length row % 4)."""
+    return [
+        (bucket, row % 2 == 0, float(row), row % 5, [(row + j) % 11 for j in range(row % 4)])
+        for row in range(start, start + count)
+    ]
+
+
+def test_list_parts_are_joined_with_global_offsets(tmp_path: Path) -> None:
+    part = PartFormat(
+        str(tmp_path / "_parts"), 1, ("int8", "int16"), (5, 11), 3, variable_length=(False, True)
+    )
+    # Buckets 0 and 2 in one task, bucket 1 (empty lists only) in another.
+    empty = [(1, True, 0.0, 4, []), (1, False, 0.0, 0, [])]
+    first = list(write_partition(part, list_rows(0, 0, 7) + list_rows(2, 30, 5)))
+    second = list(write_partition(part, empty))
+    lists = sum(r % 4 for r in [*range(7), *range(30, 35)])
+    assert [s.ids for s in first + second] == [[12, lists], [2, 0]]
+    assert concatenate_parts(part, tmp_path) == 3
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "cat_0.bin", "cat_1.bin", "cat_1.offsets.bin", "label.bin", "numerical.bin"
+    ]  # fmt: skip
+    expected = list_rows(0, 0, 7) + empty + list_rows(2, 30, 5)
+    lengths = [len(r[4]) for r in expected]  # type: ignore[arg-type]
+    offsets = np.fromfile(tmp_path / "cat_1.offsets.bin", dtype=np.int64)
+    np.testing.assert_array_equal(offsets, np.concatenate([[0], np.cumsum(lengths)]))
+    ids = np.fromfile(tmp_path / "cat_1.bin", dtype=np.int16)
+    np.testing.assert_array_equal(ids, [i for r in expected for i in r[4]])  # type: ignore[attr-defined]
+    one_hot = np.fromfile(tmp_path / "cat_0.bin", dtype=np.int8)
+    np.testing.assert_array_equal(one_hot, [r[3] for r in expected])
+
+
+def test_list_ids_are_checked(tmp_path: Path) -> None:
+    part = PartFormat(str(tmp_path / "_parts"), 0, ("int8",), (11,), variable_length=(True,))
+    with pytest.raises(ValueError, match=r"cat_0: expected ids in \[0, 11\), got 11"):
+        list(write_partition(part, [(0, True, [3]), (0, False, [0, 11, 2])]))
+    with pytest.raises(ValueError, match="variable_length: expected one flag per categorical"):
+        PartFormat(str(tmp_path), 0, ("int8",), (11,), variable_length=(True, False))
+
+
+def test_list_column_output_spec_loads(tmp_path: Path) -> None:
+    layout = InputLayout(
+        delimiter=",",
+        fields=("y", "tags", "hour"),
+        label_source="y",
+        label_name="y",
+        numerical=(),
+        numerical_kind=NumericalKind.FLOAT,
+        categorical=(
+            CategoricalColumn("tags", "tags", CategoricalKind.TOKEN, variable_length=True),
+            CategoricalColumn("hour", "hour", CategoricalKind.ID, 24),
+        ),
+        list_delimiter="|",
+    )
+    spec = dataset_spec(layout, [300, 24], ("train",), tmp_path, {})
+    assert [(f.dtype, f.hotness) for f in spec.categorical_features] == [("int16", 0), ("int8", 1)]
+    assert spec.files("train").offsets == {"tags": tmp_path / "train" / "cat_0.offsets.bin"}
+    train = tmp_path / "train"
+    train.mkdir()
+    np.array([True, False], dtype=np.bool_).tofile(train / "label.bin")
+    np.array([5, 299, 0], dtype=np.int16).tofile(train / "cat_0.bin")
+    np.array([0, 3, 3], dtype=np.int64).tofile(train / "cat_0.offsets.bin")
+    np.array([1, 23], dtype=np.int8).tofile(train / "cat_1.bin")
+    spec.dump(tmp_path / "feature_spec.yaml")
+    loaded = FeatureSpec.load(tmp_path)
+    assert loaded == spec
+    assert SplitBinaryFiles.open(loaded, "train").rows == 2
 
 
 def test_criteo_output_spec_is_the_nvidia_layout(tmp_path: Path) -> None:
