@@ -8,8 +8,10 @@ list elements."""
 from __future__ import annotations
 
 import gzip
+import json
 import random
 import re
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,6 +26,7 @@ from preproc.errors import PreprocessingError
 from preproc.pipeline import run_pipeline
 from preproc.spark import SparkSettings, start_spark
 from preproc.transcode import build_parser, transcode_config
+from tests.integration.conftest import run
 from tests.integration.scripts.preproc_reference import (
     Row,
     build_vocabulary,
@@ -335,6 +338,21 @@ def test_list_columns_write_ids_and_global_offsets(
     tags_report = next(c for c in report["categorical"] if c["name"] == "tags")
     test_ids = expected["test"]["tags"][0]
     assert tags_report["oov_rate"]["test"] == test_ids.count(0) / len(test_ids)
+
+    # main.py trains on it: the list features pooled by mean, evaluated.
+    log = tmp_path / "train.jsonl"
+    result = run(
+        [
+            sys.executable, "main.py", f"--dataset_path={out}", "--batch_size=32",
+            "--embedding_dim=4", "--bottom_mlp_dims=8,4", "--top_mlp_dims=8,1",
+            "--pooling=mean", "--max_steps=4", f"--log_path={log}",
+        ],
+        timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = [json.loads(line) for line in log.read_text().splitlines()][-1]
+    assert summary["event"] == "summary" and summary["steps"] == 4
+    assert summary["samples"] == len(test) and 0.0 <= summary["auc"] <= 1.0
 
 
 def test_strict_names_the_bad_list_element(spark: Any, raw_lists: Path, tmp_path: Path) -> None:
