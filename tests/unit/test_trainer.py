@@ -307,14 +307,14 @@ def test_cross_with_per_table_widths_trains(dataset: Path, amp: bool, xla: bool)
 
 
 def test_a_dot_checkpoint_of_before_cross_layers_restores(dataset: Path, tmp_path: Path) -> None:
-    """Manifests written before the cross interaction existed have no
-    interaction fields: they describe dot models, and restore into one."""
+    """Manifests written before the cross interaction and pooling existed have
+    no such fields: they describe dot models that sum, and restore into one."""
     s = session(dataset)
     assert s.trainer is not None
     for b in batches(dataset, 2):
         s.trainer.train_step(b)
     old = s.model_config.to_dict()
-    for key in ("interaction", "num_cross_layers", "cross_layer_projection_dim"):
+    for key in ("interaction", "num_cross_layers", "cross_layer_projection_dim", "pooling"):
         del old[key]
     path = save_training_state(s.trainer, tmp_path, {"model": old})
     resumed = session(dataset, seed=99)
