@@ -238,7 +238,7 @@ def test_variable_length_mean_pooling_on_two_ranks_equal_one(variable_length: Pa
         h == 0 for h in VARIABLE_HOTNESS
     ]
     for run_name in runs:
-        kind, mode, optimizer, variant = run_name.split(":")
+        kind, _mode, optimizer, variant = run_name.split(":")
         reference = variable_length / "out_1" / f"local_model_parallel_{optimizer}_mean"
         run_dir = variable_length / "out_2" / run_name.replace(":", "_")
         assert_ranks_equal_one(reference, run_dir, 2, variant, kind)
