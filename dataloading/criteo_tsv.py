@@ -141,7 +141,10 @@ def _lines(
         missing = raw.numerical_missing[:, j].tolist()
         columns.append([("" if m else v) for v, m in zip(values, missing, strict=True)])
     for t in range(NUM_CATEGORICAL):
-        values = map("{:08x}".format, categorical_values(t, raw.ids[t], seed).tolist())
+        ids = raw.ids[t]
+        if not isinstance(ids, np.ndarray):  # a log's fields hold one value each
+            raise TypeError(f"table {t}: expected one id per row, got variable-length ids")
+        values = map("{:08x}".format, categorical_values(t, ids, seed).tolist())
         missing = raw.categorical_missing[t].tolist()
         columns.append([("" if m else v) for v, m in zip(values, missing, strict=True)])
     lines = ["\t".join(fields) for fields in zip(*columns, strict=True)]
