@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
+import socket
 import time
 from pathlib import Path
 from typing import Any, TextIO
@@ -105,6 +106,7 @@ class Session:
     log: MetricsLog
     collectives: Collectives
     plan: ShardingPlan | None
+    hosts: list[str] = dataclasses.field(default_factory=list)  # each rank's hostname
 
     def shard(self, global_batch_size: int) -> ShardSpec:
         """What this rank reads of each global batch."""
@@ -216,6 +218,7 @@ def build_session(
     precision = choose_precision(config.amp, has_gpu())
     plan = None
     embeddings = None
+    hosts = [socket.gethostname()]
     if collectives.world_size == 1 and config.sharding_plan:
         # One process needs no plan, but a given one that does not fit is a mistake.
         plan_for(config, model_config, spec, 1)
@@ -224,6 +227,11 @@ def build_session(
         # Before anything is built from the plan: a rank with another plan file or
         # FeatureSpec would otherwise assemble wrong vectors or hang.
         check_ranks_agree(collectives, agreement_facts(config, model_config, spec, plan))
+        hosts = collectives.allgather_object(socket.gethostname(), name="hostnames")
+        log.print(
+            f"{collectives.world_size} ranks on {len(set(hosts))} hosts: "
+            + ", ".join(f"{rank} {host}" for rank, host in enumerate(hosts))
+        )
         log.print(plan.format_table())
         embeddings = ShardedEmbeddings(
             plan,
@@ -253,7 +261,17 @@ def build_session(
     # Every rank starts from rank 0's dense weights (tables are initialised as slices).
     collectives.broadcast_variables(model.dense_variables)
     return Session(
-        config, spec, model_config, precision, model, predictor, trainer, log, collectives, plan
+        config,
+        spec,
+        model_config,
+        precision,
+        model,
+        predictor,
+        trainer,
+        log,
+        collectives,
+        plan,
+        hosts,
     )
 
 
@@ -338,7 +356,13 @@ def train(session: Session) -> dict[str, Any]:
         f"precision {session.precision.dtype_policy}, xla {config.xla}, "
         f"optimizer {config.optimizer}"
     )
-    log.write("start", step=start_step, total_steps=total_steps, config=config.to_dict())
+    log.write(
+        "start",
+        step=start_step,
+        total_steps=total_steps,
+        config=config.to_dict(),
+        hosts=session.hosts,  # rank r ran on hosts[r]
+    )
     throughput = Throughput(config.batch_size, start_step, total_steps)
     wall_start = time.perf_counter()
     train_seconds = 0.0
