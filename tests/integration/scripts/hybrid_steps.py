@@ -16,9 +16,10 @@ interaction, with tables of unequal widths `CROSS_WIDTHS`), mean (every table
 pools a row's vectors by mean: with variable-length tables, by their count).
 A variable-length table is costed by the planner as 2 ids per row. Writes
 OUT/<RUN with : as _>/rank<r>.npz: dense weights by name, each shard as
-"table_<t>_<r0>_<r1>_<c0>_<c1>", and the per-step losses.
+"table_<t>_<r0>_<r1>_<c0>_<c1>", the per-step losses and the rank's hostname.
 """
 
+import socket
 import sys
 from pathlib import Path
 
@@ -182,6 +183,7 @@ def train(spec, collectives, kind, input_mode, optimizer, variant, steps, batch,
         key = f"table_{s.table}_{s.rows[0]}_{s.rows[1]}_{s.columns[0]}_{s.columns[1]}"
         arrays[key] = variable.numpy()
     arrays["losses"] = np.array(losses)
+    arrays["hostname"] = np.array(socket.gethostname())
     np.savez(directory / f"rank{rank}.npz", **arrays)
 
 
