@@ -8,7 +8,11 @@ uninterrupted run."""
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,6 +22,7 @@ from dataloading.synthetic import generate_split_binary
 from dlrm.checkpoint import Checkpoint
 from tests.integration.conftest import REPO, horovodrun, process_env
 from tests.integration.netns_cluster import INTERFACE, NetnsCluster, install_reason
+from tests.integration.test_hybrid_failures import _is_zombie
 from tests.integration.test_hybrid_main import FLAGS, assert_same_checkpoint
 from tests.integration.test_hybrid_parallel import (
     CARDINALITIES,
@@ -137,3 +142,116 @@ def test_a_checkpoint_written_across_hosts_resumes_on_one_host(
     resumed, uninterrupted = Checkpoint(across), Checkpoint(straight)
     assert resumed.step == uninterrupted.step == 40
     assert_same_checkpoint(resumed, uninterrupted)
+
+
+# ------------------------------------------------------------- host failures
+
+# A rank must be gone this long after its peer's host failed. Gloo gives up on a
+# peer that stopped answering after HOROVOD_GLOO_TIMEOUT_SECONDS (set below).
+GLOO_TIMEOUT_S = 20
+FAILURE_EXIT_LIMIT_S = 90
+
+
+def main_py_processes(cluster: NetnsCluster, host: str) -> list[int]:
+    """Pids of the main.py ranks running on `host`."""
+    found = []
+    for pid in cluster.processes(host):
+        try:
+            command = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"main.py" in command and b"horovodrun" not in b" ".join(command):
+            found.append(pid)
+    return found
+
+
+def wait_for_checkpoint_and_steps(run: Path, launcher: object, log: Path) -> int:
+    """Waits until a checkpoint exists and 5 more steps were logged; returns the
+    checkpoint's step."""
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and launcher.poll() is None:  # type: ignore[attr-defined]
+        steps = sorted(int(p.parent.name.split("_")[1]) for p in run.glob("step_*/manifest.json"))
+        if steps and (run / "metrics.jsonl").exists():
+            trained = [
+                json.loads(x)["step"]
+                for x in (run / "metrics.jsonl").read_text().splitlines()
+                if json.loads(x)["event"] == "train"
+            ]
+            if trained and trained[-1] >= steps[-1] + 5:
+                return steps[-1]
+        time.sleep(0.5)
+    pytest.fail(f"no checkpoint and steps after it; log:\n{log.read_text()[-3000:]}")
+
+
+@pytest.mark.parametrize("failure", ["link_down", "host_killed"])
+def test_a_failed_host_stops_the_other_and_the_checkpoint_restores(
+    tmp_path: Path, failure: str
+) -> None:
+    """Training on node1 and node2; node2 loses its link (cable pulled) or all its
+    processes (power lost). The rank on node1 exits non-zero within the bound,
+    and the last checkpoint resumes on node1 alone."""
+    reason = install_reason()
+    if reason is not None:
+        pytest.skip(reason)
+    data = tmp_path / "data"
+    generate_split_binary(
+        data, (50, 200, 1000, 30), 5, rows={"train": 400_000, "test": 2_000}, seed=3
+    )
+    run = tmp_path / "run"
+    flags = [
+        sys.executable, "main.py", *FLAGS, f"--dataset_path={data}", "--batch_size=256",
+        "--print_freq=1", "--evals_per_epoch=50",
+    ]  # fmt: skip
+    env = process_env({"HOROVOD_GLOO_TIMEOUT_SECONDS": str(GLOO_TIMEOUT_S)})
+    with NetnsCluster(tmp_path / "cluster") as cluster:
+        log = tmp_path / "horovodrun.log"
+        launch = [horovodrun(), "--gloo", "-np", "2", "-H", HOSTS, "--network-interface", INTERFACE]
+        with log.open("w") as sink:
+            launcher = cluster.popen(
+                "node1",
+                [*launch, *flags, f"--save_checkpoint_path={run}"],
+                env=env,
+                cwd=REPO,
+                stdout=sink,
+                stderr=subprocess.STDOUT,
+            )
+            try:
+                saved = wait_for_checkpoint_and_steps(run, launcher, log)
+                survivors = main_py_processes(cluster, "node1")
+                assert len(survivors) == 1 and len(main_py_processes(cluster, "node2")) == 1
+                if failure == "link_down":
+                    cluster.link("node2", up=False)
+                else:
+                    cluster.kill_host("node2")
+                failed_at = time.monotonic()
+                while any(Path(f"/proc/{p}").exists() and not _is_zombie(p) for p in survivors):
+                    assert time.monotonic() - failed_at < FAILURE_EXIT_LIMIT_S, log.read_text()[
+                        -3000:
+                    ]
+                    time.sleep(0.2)
+                survivor_exit = time.monotonic() - failed_at
+                returncode = launcher.wait(timeout=FAILURE_EXIT_LIMIT_S)
+                launcher_exit = time.monotonic() - failed_at
+            finally:
+                if launcher.poll() is None:
+                    os.killpg(launcher.pid, signal.SIGKILL)
+                    launcher.wait()
+        print(
+            f"{failure}: the rank on node1 exited {survivor_exit:.1f} s and horovodrun "
+            f"(exit {returncode}) {launcher_exit:.1f} s after node2 failed"
+        )
+        assert returncode != 0
+        events = [json.loads(x)["event"] for x in (run / "metrics.jsonl").read_text().splitlines()]
+        assert "summary" not in events
+        # The last complete checkpoint resumes on the surviving host alone.
+        resumed = tmp_path / "resumed"
+        result = cluster.run(
+            "node1",
+            [*flags, f"--restore_checkpoint_path={run}", f"--max_steps={saved + 10}",
+             "--evals_per_epoch=0", f"--save_checkpoint_path={resumed}"],
+            env=process_env(),
+            cwd=REPO,
+        )  # fmt: skip
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert Checkpoint(resumed).step == saved + 10
+    assert Checkpoint(run).step >= saved
