@@ -1,4 +1,6 @@
-"""A real one-node Slurm cluster on localhost, for integration tests.
+"""A real Slurm cluster on this machine, for integration tests: one node on
+localhost (`SlurmCluster`), or a node on each host of a `NetnsCluster`
+(`MultiNodeSlurmCluster`: munged and slurmd per host, slurmctld on the first).
 
 Debian's `slurm-wlm` and `munge` daemons are started from a private directory: the
 munge key and socket, slurm.conf, state, spool, pid and log files all live there,
@@ -21,13 +23,18 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from tests.integration.netns_cluster import NetnsCluster
 
 # The programs a cluster needs; the packages that bring them.
 SLURM_PROGRAMS = ("munged", "slurmctld", "slurmd", "sbatch", "srun", "scontrol", "scancel")
 APT_PACKAGES = ("slurm-wlm", "munge")
+# srun's listening ports on a multi-node cluster (SrunPortRange): slurmd on each
+# node connects back to them, so a firewall between nodes must open this range.
+SRUN_PORTS = (60001, 61000)
 TERMINAL_STATES = frozenset(
     {
         "BOOT_FAIL",
@@ -119,34 +126,63 @@ def node_name() -> str:
     ).stdout.strip()
 
 
-def slurm_conf(root: Path, node: str, cpus: int, ports: tuple[int, int], user: str) -> str:
-    """A minimal slurm.conf: one node, no accounting, no cgroups, every path in `root`.
+def slurm_conf(
+    root: Path,
+    node: str,
+    cpus: int,
+    ports: tuple[int, int],
+    user: str,
+    local: Path | None = None,
+    addresses: Mapping[str, str] | None = None,
+) -> str:
+    """A minimal slurm.conf: no accounting, no cgroups, every path in `root`.
 
     The daemons run as the current user (root on CI; another user gets a cluster
     that runs only its own jobs). proctrack/linuxproc and task/none need no cgroup
-    mounts (containers have none writable); config_overrides lets the node declare
+    mounts (containers have none writable); config_overrides lets a node declare
     `cpus` even where the machine has fewer, so a 2-task job always fits.
+
+    Args:
+        root: slurmctld's files (state, pid, log) and the config.
+        node: the node that runs slurmctld; the only node without `addresses`.
+        local: the node-local directory as every node sees it: the munge socket,
+            slurmd's spool, pid and log, and TmpFS (which Slurm's PMIx plugin
+            uses). Default `root`.
+        addresses: node name -> address, a slurmd on each (`node` among them);
+            srun's listening ports are then confined to SrunPortRange, as on a
+            cluster whose firewall opens that range between nodes.
     """
+    local = local or root
+    if addresses:
+        controller = f"{node}({addresses[node]})"
+        nodes = [
+            f"NodeName={name} NodeAddr={address} CPUs={cpus} State=UNKNOWN"
+            for name, address in addresses.items()
+        ]
+        srun_ports = [f"SrunPortRange={SRUN_PORTS[0]}-{SRUN_PORTS[1]}"]
+    else:
+        controller, nodes, srun_ports = node, [f"NodeName={node} CPUs={cpus} State=UNKNOWN"], []
     return "\n".join(
         [
             "ClusterName=dlrmtest",
-            f"SlurmctldHost={node}",
+            f"SlurmctldHost={controller}",
             f"SlurmctldPort={ports[0]}",
             f"SlurmdPort={ports[1]}",
+            *srun_ports,
             # Root here (as on CI); another user runs a cluster that runs only its jobs.
             f"SlurmUser={user}",
             f"SlurmdUser={user}",
             "AuthType=auth/munge",
             "CredType=cred/munge",
-            f"AuthInfo=socket={root / 'munge' / 'munge.socket'}",
+            f"AuthInfo=socket={local / 'munge' / 'munge.socket'}",
             f"StateSaveLocation={root / 'state'}",
-            f"SlurmdSpoolDir={root / 'spool'}",
+            f"SlurmdSpoolDir={local / 'spool'}",
             f"SlurmctldPidFile={root / 'run' / 'slurmctld.pid'}",
-            f"SlurmdPidFile={root / 'run' / 'slurmd.pid'}",
+            f"SlurmdPidFile={local / 'run' / 'slurmd.pid'}",
             f"SlurmctldLogFile={root / 'log' / 'slurmctld.log'}",
-            f"SlurmdLogFile={root / 'log' / 'slurmd.log'}",
+            f"SlurmdLogFile={local / 'log' / 'slurmd.log'}",
             f"PlugStackConfig={root / 'plugstack.conf'}",
-            f"TmpFS={root / 'tmp'}",
+            f"TmpFS={local / 'tmp'}",
             "ProctrackType=proctrack/linuxproc",
             "TaskPlugin=task/none",
             "SelectType=select/cons_tres",
@@ -162,7 +198,7 @@ def slurm_conf(root: Path, node: str, cpus: int, ports: tuple[int, int], user: s
             "MailProg=/bin/true",
             "SlurmctldDebug=info",
             "SlurmdDebug=info",
-            f"NodeName={node} CPUs={cpus} State=UNKNOWN",
+            *nodes,
             "PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP",
             "",
         ]
@@ -171,7 +207,12 @@ def slurm_conf(root: Path, node: str, cpus: int, ports: tuple[int, int], user: s
 
 @dataclass
 class SlurmCluster:
-    """Daemons started by `start()`; `stop()` ends them (idempotent)."""
+    """Daemons started by `start()`; `stop()` ends them (idempotent).
+
+    One node, `node`, on this machine. `MultiNodeSlurmCluster` puts a node on each
+    host of a `NetnsCluster` by overriding `nodes`, `local`, `node_directory` and
+    `on`.
+    """
 
     root: Path
     node: str
@@ -183,6 +224,25 @@ class SlurmCluster:
         return self.root / "slurm.conf"
 
     @property
+    def nodes(self) -> tuple[str, ...]:
+        """Every node's name; slurmctld runs on `node`, the first."""
+        return (self.node,)
+
+    @property
+    def local(self) -> Path:
+        """The node-local directory (munge socket, slurmd's files, TmpFS) as the
+        daemons on a node see it."""
+        return self.root
+
+    def node_directory(self, node: str) -> Path:
+        """Where `node`'s `local` lives on this machine's file system."""
+        return self.root
+
+    def on(self, node: str, command: Sequence[str]) -> list[str]:
+        """`command` as run on `node` (this machine)."""
+        return list(command)
+
+    @property
     def env(self) -> dict[str, str]:
         """The environment for Slurm clients (sbatch, srun, scontrol) of this cluster."""
         # A test run inside another Slurm job must not hand that job's SLURM_* on.
@@ -191,25 +251,40 @@ class SlurmCluster:
         return dict(env, SLURM_CONF=str(self.conf), PATH=path)
 
     def start(self, timeout: float = 60.0) -> None:
-        """Writes the key and config, starts munged, slurmctld, slurmd; waits for an
-        idle node. On any failure the daemons already started are stopped."""
+        """Writes the key and config, starts munged (on every node), slurmctld,
+        slurmd (on every node); waits until every node is idle. On any failure the
+        daemons already started are stopped."""
         try:
             self._write_files()
-            self._spawn("munged", [*self._munged_command(), "--foreground"])
-            self._wait(lambda: (self.root / "munge" / "munge.socket").exists(), timeout, "munged")
-            self._spawn("slurmctld", [_program("slurmctld"), "-D", "-c", "-f", str(self.conf)])
-            self._spawn("slurmd", [_program("slurmd"), "-D", "-f", str(self.conf)])
-            self._wait(lambda: self.node_state() in {"idle", "mixed"}, timeout, "an idle node")
+            for node in self.nodes:
+                self._spawn("munged", [*self._munged_command(), "--foreground"], node)
+            for node in self.nodes:
+                socket_file = self.node_directory(node) / "munge" / "munge.socket"
+                self._wait(socket_file.exists, timeout, f"munged on {node}")
+            slurmctld = [_program("slurmctld"), "-D", "-c", "-f", str(self.conf)]
+            self._spawn("slurmctld", slurmctld, self.node)
+            for node in self.nodes:
+                self._spawn("slurmd", [_program("slurmd"), "-D", "-f", str(self.conf)], node)
+            self._wait(self.all_idle, timeout, "idle nodes")
         except BaseException:
             self.stop()
             raise
 
+    def all_idle(self) -> bool:
+        """Whether every node is up and takes jobs (idle or partly allocated)."""
+        result = self.client(["sinfo", "-h", "-N", "-o", "%N %T"], check=False)
+        if result.returncode != 0:
+            return False
+        states = dict(line.split() for line in result.stdout.splitlines() if line.strip())
+        return all(states.get(node, "").rstrip("*~#") in {"idle", "mixed"} for node in self.nodes)
+
     def _munged_command(self) -> list[str]:
-        munge = self.root / "munge"
+        munge = self.local / "munge"
         return [
             _program("munged"),
             f"--socket={munge / 'munge.socket'}",
-            f"--key-file={munge / 'munge.key'}",
+            # Every node's munged has the same key, as on a real cluster.
+            f"--key-file={self.root / 'munge' / 'munge.key'}",
             f"--pid-file={munge / 'munged.pid'}",
             f"--log-file={munge / 'munged.log'}",
             f"--seed-file={munge / 'munged.seed'}",
@@ -221,29 +296,32 @@ class SlurmCluster:
     def _write_files(self) -> None:
         # munged checks that no directory on the way to its files is writable by others.
         self.root.chmod(0o700)
-        for name in ("munge", "state", "spool", "run", "log", "tmp"):
+        for name in ("munge", "state", "run", "log"):
             (self.root / name).mkdir(mode=0o700, exist_ok=True)
+        for node in self.nodes:
+            for name in ("munge", "spool", "run", "log", "tmp"):
+                (self.node_directory(node) / name).mkdir(mode=0o700, parents=True, exist_ok=True)
         key = self.root / "munge" / "munge.key"
         key.write_bytes(os.urandom(1024))
         key.chmod(0o400)
         (self.root / "plugstack.conf").write_text("")
-        self.conf.write_text(
-            slurm_conf(
-                self.root, self.node, self.cpus, (_free_port(), _free_port()), getpass.getuser()
-            )
-        )
+        self.conf.write_text(self._conf_text((_free_port(), _free_port())))
 
-    def _spawn(self, name: str, command: list[str]) -> None:
-        with open(self.root / "log" / f"{name}.out", "ab") as output:
+    def _conf_text(self, ports: tuple[int, int]) -> str:
+        return slurm_conf(self.root, self.node, self.cpus, ports, getpass.getuser())
+
+    def _spawn(self, name: str, command: list[str], node: str) -> None:
+        label = name if len(self.nodes) == 1 else f"{name}-{node}"
+        with open(self.root / "log" / f"{label}.out", "ab") as output:
             process = subprocess.Popen(
-                command,
+                self.on(node, command),
                 env=self.env,
                 stdout=output,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,  # a Ctrl-C in the test terminal reaches stop() only
             )
-        self._daemons.append((name, process))
+        self._daemons.append((label, process))
 
     def _wait(self, ready: Callable[[], bool], timeout: float, what: str) -> None:
         deadline = time.monotonic() + timeout
@@ -259,16 +337,12 @@ class SlurmCluster:
             time.sleep(0.5)
         raise SlurmClusterError(f"no {what} after {timeout:.0f} s:\n{self.logs()}")
 
-    def node_state(self) -> str:
-        result = self.client(["sinfo", "-h", "-n", self.node, "-o", "%T"], check=False)
-        return result.stdout.strip().rstrip("*~#") if result.returncode == 0 else ""
-
     def client(
         self, command: Sequence[str], check: bool = True, timeout: float = 60.0
     ) -> subprocess.CompletedProcess[str]:
         """Runs a Slurm client command against this cluster; output captured."""
         result = subprocess.run(
-            list(command),
+            self.on(self.node, command),
             env=self.env,
             capture_output=True,
             text=True,
@@ -285,13 +359,13 @@ class SlurmCluster:
     def sbatch(
         self, arguments: Sequence[str], env: dict[str, str] | None = None, cwd: Path | None = None
     ) -> int:
-        """Submits a job from `cwd` (its SLURM_SUBMIT_DIR); returns its id.
+        """Submits a job on `node` from `cwd` (its SLURM_SUBMIT_DIR); returns its id.
 
         Args:
             env: the job's whole environment (sbatch passes it on); default `self.env`.
         """
         result = subprocess.run(
-            ["sbatch", "--parsable", *arguments],
+            self.on(self.node, ["sbatch", "--parsable", *arguments]),
             env=dict(env if env is not None else self.env, SLURM_CONF=str(self.conf)),
             cwd=cwd,
             capture_output=True,
@@ -333,15 +407,20 @@ class SlurmCluster:
     def logs(self, characters: int = 3000) -> str:
         """The end of every daemon log, for failure messages."""
         parts = []
-        for path in [*sorted((self.root / "log").glob("*")), self.root / "munge" / "munged.log"]:
-            if path.is_file():
-                parts.append(f"--- {path.name}\n{path.read_text(errors='replace')[-characters:]}")
+        for directory in sorted({self.root, *map(self.node_directory, self.nodes)}):
+            for path in [
+                *sorted((directory / "log").glob("*")),
+                directory / "munge" / "munged.log",
+            ]:
+                if path.is_file():
+                    name = path.relative_to(self.root)
+                    parts.append(f"--- {name}\n{path.read_text(errors='replace')[-characters:]}")
         return "\n".join(parts)
 
     def stop(self, timeout: float = 20.0) -> None:
         """Cancels every job, then ends slurmd, slurmctld and munged (in that order)."""
         if any(name == "slurmctld" and p.poll() is None for name, p in self._daemons):
-            self.client(["scancel", "--full", f"--nodelist={self.node}"], check=False)
+            self.client(["scancel", "--full", f"--nodelist={','.join(self.nodes)}"], check=False)
             self.client(["scancel", "--user", str(os.geteuid())], check=False)
             time.sleep(1)
         for _, process in reversed(self._daemons):
@@ -353,6 +432,96 @@ class SlurmCluster:
                 process.kill()
                 process.wait(timeout=timeout)
         self._daemons.clear()
+
+
+@dataclass
+class MultiNodeSlurmCluster(SlurmCluster):
+    """A node on every host of a `NetnsCluster`: munged and slurmd on each host,
+    slurmctld on `node` (the first host, also where clients such as sbatch run, as
+    on a cluster's head node).
+
+    Every host sees the one shared file system, but munged and slurmd need a
+    node-local directory at the same path on every node (the munge socket that
+    slurm.conf names once for all nodes; slurmd's spool; TmpFS, where Slurm's PMIx
+    plugin makes per-step directories whose names would collide between nodes).
+    So each command run on a host first bind-mounts that host's
+    `node_directory` over `local` in its own mount namespace (`ip netns exec`
+    makes one per command, and whatever slurmd starts inherits it). Processes that
+    a host's sshd starts (horovodrun's remote ranks) do not see `local`; they need
+    neither munge nor slurmd's files.
+
+    Each host has its own munged rather than all sharing node1's socket (a
+    path-named unix socket is reachable from every network namespace, so that
+    would work too): as on a real cluster, every node's daemons and job steps
+    check credentials with a local munged that has the cluster's one key.
+    """
+
+    hosts: NetnsCluster = field(kw_only=True)
+
+    @property
+    def nodes(self) -> tuple[str, ...]:
+        return tuple(host.name for host in self.hosts.members)
+
+    @property
+    def local(self) -> Path:
+        return self.root / "local"
+
+    def node_directory(self, node: str) -> Path:
+        return self.root / "nodes" / node
+
+    def on(self, node: str, command: Sequence[str]) -> list[str]:
+        """`command` as run on host `node`: with that host's node-local directory
+        and this machine's cgroup file system (see `_cgroup_mounts`)."""
+        mounts = f'{_cgroup_mounts()} && mount --bind "$1" "$2" && shift 2 && exec "$@"'
+        local = [str(self.node_directory(node)), str(self.local)]
+        return self.hosts.command(node, ["sh", "-c", mounts, "sh", *local, *command])
+
+    @property
+    def env(self) -> dict[str, str]:
+        """The clients' environment, also the jobs' (sbatch passes it on): the
+        `NetnsCluster`'s ssh wrapper first on PATH, for horovodrun across hosts."""
+        env = super().env
+        return dict(env, PATH=f"{self.hosts.bin_directory}{os.pathsep}{env['PATH']}")
+
+    def _write_files(self) -> None:
+        self.local.mkdir(mode=0o700, parents=True, exist_ok=True)
+        super()._write_files()
+
+    def _conf_text(self, ports: tuple[int, int]) -> str:
+        addresses = {host.name: host.address for host in self.hosts.members}
+        user = getpass.getuser()
+        return slurm_conf(self.root, self.node, self.cpus, ports, user, self.local, addresses)
+
+
+def _cgroup_mounts() -> str:
+    """Shell commands that mount, in a host's namespaces, the cgroup file system
+    this machine has at /sys/fs/cgroup (`ip netns exec` mounts a fresh /sys, without
+    it). slurmd 22.05 looks there to choose its cgroup plugin and fails to start
+    when it finds nothing ("No filesystem mounted on /sys/fs/cgroup"), even with
+    proctrack/linuxproc and task/none, which create no cgroup."""
+    mounts = Path("/proc/self/mounts").read_text().splitlines()
+    kinds = {line.split()[1]: line.split()[2] for line in mounts}
+    if kinds.get("/sys/fs/cgroup") == "cgroup2":
+        return "mount -t cgroup2 cgroup2 /sys/fs/cgroup"
+    # cgroup v1 (or hybrid): slurm checks for the systemd hierarchy, which exists
+    # already (mounting it again adds no cgroup).
+    return (
+        "mount -t tmpfs cgroup /sys/fs/cgroup && mkdir /sys/fs/cgroup/systemd && "
+        "mount -t cgroup -o none,name=systemd cgroup /sys/fs/cgroup/systemd"
+    )
+
+
+def start_multi_node_cluster(
+    root: Path, hosts: NetnsCluster, cpus: int = 2
+) -> MultiNodeSlurmCluster:
+    """Installs Slurm (if needed) and starts a node on each of `hosts` (started
+    already); the caller stops it before `hosts`."""
+    reason = install_reason()
+    if reason is not None:
+        raise SlurmClusterError(reason)
+    cluster = MultiNodeSlurmCluster(root=root, node=hosts.members[0].name, cpus=cpus, hosts=hosts)
+    cluster.start()
+    return cluster
 
 
 def _program(name: str) -> str:

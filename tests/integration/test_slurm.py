@@ -95,15 +95,16 @@ def submit(
     environment: dict[str, str],
     arguments: list[str],
     sbatch_options: tuple[str, ...] = ("--ntasks=2",),
+    nodes: int = 1,
 ) -> dict[str, str]:
-    """Submits `slurm/<script>` from the repo root (the default DLRM_HOME), waits for
-    the end, and returns `scontrol show job`'s fields. The scripts' variables come
-    from `environment` alone, never from the caller's shell."""
+    """Submits `slurm/<script>` on `nodes` nodes from the repo root (the default
+    DLRM_HOME), waits for the end, and returns `scontrol show job`'s fields. The
+    scripts' variables come from `environment` alone, never from the caller's shell."""
     inherited = {k: v for k, v in cluster.env.items() if k not in SCRIPT_VARIABLES}
     job_id = cluster.sbatch(
         [
             *sbatch_options,
-            "--nodes=1",
+            f"--nodes={nodes}",
             "--time=20",
             f"--output={output}",
             str(REPO / "slurm" / script),

@@ -1,0 +1,98 @@
+"""The `slurm/` training scripts on a real two-node Slurm cluster: `sbatch -N 2`
+runs one rank on each node.
+
+The nodes are the hosts node1 and node2 of a `NetnsCluster` (network namespaces
+with their own address, hostname and sshd; tests/integration/netns_cluster.py);
+`MultiNodeSlurmCluster` (tests/integration/slurm_cluster.py) runs munged and
+slurmd on each, slurmctld and the clients on node1. Both are started once for the
+module and stopped at its end, whatever the outcome. The checks read what the job
+wrote: its end state, the hosts of the ranks in the metrics log, and the sharding
+plan, whose model-parallel tables must land on both ranks, so on both nodes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from dataloading.synthetic import generate_split_binary
+from tests.integration import netns_cluster, slurm_cluster
+from tests.integration.netns_cluster import INTERFACE, NetnsCluster
+from tests.integration.slurm_cluster import SlurmCluster, start_multi_node_cluster, tail
+from tests.integration.test_slurm import (
+    CARDINALITIES,
+    TRAIN_FLAGS,
+    assert_completed,
+    metrics_summary,
+    submit,
+)
+
+
+@pytest.fixture(scope="module")
+def hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NetnsCluster]:
+    reason = netns_cluster.install_reason() or slurm_cluster.install_reason()
+    if reason is not None:
+        pytest.skip(reason)
+    # A tag of its own: another module's NetnsCluster in this process defaults to the pid's.
+    started = NetnsCluster(
+        tmp_path_factory.mktemp("hosts"), tag=f"slurm{os.getpid() % 100000}"
+    ).start()  # stops what it started if it fails
+    try:
+        yield started
+    finally:
+        started.stop()
+
+
+@pytest.fixture(scope="module")
+def cluster(
+    hosts: NetnsCluster, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[SlurmCluster]:
+    started = start_multi_node_cluster(tmp_path_factory.mktemp("slurm"), hosts)
+    try:
+        yield started
+    finally:
+        started.stop()
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("data") / "synthetic"
+    cardinalities = [int(c) for c in CARDINALITIES.split(",")]
+    generate_split_binary(path, cardinalities, rows={"train": 20_000, "test": 4_000}, seed=5)
+    return path
+
+
+@pytest.mark.parametrize("script", ["train_horovodrun.sbatch", "train_srun.sbatch"])
+def test_two_node_job_runs_a_rank_on_each_node(
+    cluster: SlurmCluster, dataset: Path, tmp_path: Path, script: str
+) -> None:
+    output, checkpoints = tmp_path / "job.out", tmp_path / "checkpoints"
+    environment = {
+        "DATASET_PATH": str(dataset),
+        "CHECKPOINT_DIR": str(checkpoints),
+        # horovodrun: the hosts' link (lo would be chosen otherwise). srun: unused.
+        "HOROVODRUN_ARGS": f"--network-interface {INTERFACE}",
+    }
+    job = submit(
+        cluster, script, output, environment, TRAIN_FLAGS, ("--ntasks-per-node=1",), nodes=2
+    )
+
+    assert_completed(job, output)
+    assert job.get("NodeList") == "node[1-2]", f"{job}\n{tail(output)}"
+    assert metrics_summary(checkpoints / "metrics.jsonl", output)["world_size"] == 2
+    start = json.loads((checkpoints / "metrics.jsonl").read_text().splitlines()[0])
+    assert start["event"] == "start", f"{start}\n{tail(output)}"
+    assert sorted(start["hosts"]) == ["node1", "node2"], f"{start['hosts']}\n{tail(output)}"
+    plan = json.loads((checkpoints / "sharding_plan.json").read_text())
+    placed = {
+        shard["rank"]
+        for table in plan["tables"]
+        if table["kind"] != "data_parallel"
+        for shard in table["shards"]
+    }
+    # Rank r ran on hosts[r]: model-parallel tables on ranks 0 and 1 are on both nodes.
+    assert placed == {0, 1}, f"{json.dumps(plan['tables'])[:3000]}\n{tail(output)}"
