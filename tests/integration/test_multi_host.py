@@ -203,7 +203,9 @@ def test_a_failed_host_stops_the_other_and_the_checkpoint_restores(
         "--print_freq=1", "--evals_per_epoch=50",
     ]  # fmt: skip
     env = process_env({"HOROVOD_GLOO_TIMEOUT_SECONDS": str(GLOO_TIMEOUT_S)})
-    with NetnsCluster(tmp_path / "cluster") as cluster:
+    # A cluster of its own (the module's stays up): another tag, or its
+    # namespaces would have the module cluster's names.
+    with NetnsCluster(tmp_path / "cluster", tag=f"fail{os.getpid() % 100000}") as cluster:
         log = tmp_path / "horovodrun.log"
         launch = [horovodrun(), "--gloo", "-np", "2", "-H", HOSTS, "--network-interface", INTERFACE]
         with log.open("w") as sink:
