@@ -165,11 +165,21 @@ class Trainer:
         gradients = [*dense_gradients, *embedding_gradients]
         if self.loss_scale is not None:
             gradients = [_scale(g, 1.0 / scale) for g in gradients]
-        # The received lookup gradients are checked too. Besides catching a NaN
-        # before it is scattered, this uses the reverse alltoall's result on a rank
-        # that holds no model-parallel shard (where nothing else does): TensorFlow
-        # would otherwise prune the collective while the other ranks wait in it.
-        checked = [*gradients, *tf.nest.flatten(lookup_gradients)]
+        # The received lookup gradients are checked, not the model-parallel
+        # shards' gradients made of them: the local lookup's backward only copies
+        # (or divides by a row's id count) what arrived, so one check covers both,
+        # and checking the tables' gradients again cost a pass over the step's
+        # largest gradient. Checking what arrived also uses the reverse alltoall's
+        # result on a rank that holds no model-parallel shard (where nothing else
+        # does): TensorFlow would otherwise prune the collective while the other
+        # ranks wait in it. Replicated tables' gradients were summed over ranks
+        # and are checked as they are.
+        summed = [
+            g
+            for g, exchange in zip(gradients[len(dense_gradients) :], self._exchange, strict=True)
+            if exchange is not None
+        ]
+        checked = [*gradients[: len(dense_gradients)], *summed, *tf.nest.flatten(lookup_gradients)]
         gradients_finite = tf.reduce_all(tf.stack([_is_finite(g) for g in checked]))
         loss_finite = tf.math.is_finite(loss)
         if self.collectives.world_size > 1:  # every rank takes the same decision
