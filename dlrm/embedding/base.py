@@ -22,6 +22,7 @@ from typing import Any
 import keras
 import numpy as np
 import tensorflow as tf
+from tensorflow.python.ops import resource_variable_ops
 
 from dlrm.config import POOLINGS
 from dlrm.embedding.initializer import initial_table_values
@@ -31,15 +32,64 @@ from dlrm.embedding.shard import TableShard
 CHUNK_BYTES = 64 << 20
 
 
+# The most rows whose shape fits int32: TensorFlow's own gather gradient states
+# the variable's shape as int32 (`ResourceGather`'s gradient, `variable_shape`).
+_INT32_ROWS = int(np.iinfo(np.int32).max)
+
+
+def gather_rows(variable: Any, ids: tf.Tensor) -> tf.Tensor:
+    """Rows `ids` of a tf.Variable [rows, D]: [*ids.shape, D], differentiable
+    with respect to the variable as `tf.IndexedSlices` (the rows looked up).
+
+    Tables of more than 2^31 - 1 rows cannot use `tf.gather`'s gradient: it builds
+    the dense shape as an int32 constant, which wraps negative (2^31 + 16 rows
+    become -2147483632), and tracing the step fails ("Invalid value in tensor
+    used for shape"; eagerly it would silently carry the wrong shape). Those take
+    `_gather_with_int64_shape`; smaller tables keep `tf.gather` as it is.
+    """
+    rows = variable.shape[0]
+    if rows is not None and rows <= _INT32_ROWS:
+        return tf.gather(variable, ids)
+    return _gather_with_int64_shape(variable, ids)
+
+
+def _gather_with_int64_shape(variable: Any, ids: tf.Tensor) -> tf.Tensor:
+    """`tf.gather(variable, ids)` whose gradient is the `tf.IndexedSlices` that
+    TensorFlow's is (values [n, D], the ids flattened), with an int64 dense shape.
+
+    The custom gradient takes the variable's handle, not the variable: given a
+    variable, `tf.custom_gradient` reads it whole (a copy of the table, which
+    failed to allocate at 8 GiB). Nothing here reads it either (its shape comes
+    from `VariableShape`), so the tape is told of the access as a gather would
+    tell it, before the handle enters the function.
+    """
+    variable = resource_variable(variable)
+
+    @tf.custom_gradient
+    def gather(handle: tf.Tensor, ids: tf.Tensor) -> tuple[tf.Tensor, Any]:
+        found = tf.raw_ops.ResourceGather(resource=handle, indices=ids, dtype=variable.dtype)
+
+        def gradient(upstream: tf.Tensor) -> tuple[tf.IndexedSlices, None]:
+            shape = tf.raw_ops.VariableShape(input=handle, out_type=tf.int64)
+            flat = tf.reshape(ids, [-1])
+            values_shape = tf.concat([tf.shape(flat, out_type=tf.int64), shape[1:]], 0)
+            return tf.IndexedSlices(tf.reshape(upstream, values_shape), flat, shape), None
+
+        return found, gradient
+
+    resource_variable_ops.variable_accessed(variable)
+    return gather(variable.handle, ids)
+
+
 def pooled_lookup(variable: Any, ids: Any, pooling: str = "sum") -> tf.Tensor:
     """Pooled rows [B, width] of `variable` for ids [B, hotness] or a
     `tf.RaggedTensor` [B, None] (a variable-length table; an empty row pools
     to zeros). Fixed hotness stays one gather and one reduction."""
     if isinstance(ids, tf.RaggedTensor):
-        found = tf.gather(variable, ids.values)
+        found = gather_rows(variable, ids.values)
         sums = tf.math.unsorted_segment_sum(found, ids.value_rowids(), ids.nrows())
     else:
-        sums = tf.reduce_sum(tf.gather(variable, ids), axis=1)
+        sums = tf.reduce_sum(gather_rows(variable, ids), axis=1)
     return pool(sums, ids, pooling)
 
 
@@ -76,6 +126,20 @@ def assign_rows(variable: Any, start: int, values: np.ndarray) -> None:
         strides=tf.constant([1, 1], tf.int64),
         value=values,
     )
+
+
+def read_rows(variable: Any, start: int, stop: int) -> np.ndarray:
+    """A copy of variable[start:stop], [stop - start, D] float32.
+
+    A gather of the int64 row range: reading the variable (`variable[a:b]`,
+    `.numpy()`) copies the whole table once sparse updates have put it in
+    copy-on-read mode, and the gather copies only the rows asked for (with
+    their int64 indices, 8 bytes a row).
+    """
+    handle = resource_variable(variable).handle
+    rows = tf.range(start, stop, dtype=tf.int64)
+    values = tf.raw_ops.ResourceGather(resource=handle, indices=rows, dtype=tf.float32)
+    return np.asarray(values.numpy())
 
 
 class Embeddings(keras.layers.Layer):

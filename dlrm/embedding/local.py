@@ -7,7 +7,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from dlrm.embedding.base import Embeddings, pooled_lookup
+from dlrm.embedding.base import Embeddings, gather_rows, pooled_lookup
 from dlrm.embedding.shard import ShardingKind, TableShard
 
 
@@ -61,7 +61,7 @@ class LocalEmbeddings(Embeddings):
                 for table, table_ids, pooling in zip(self.tables, routed, self.pooling, strict=True)
             ]
         else:
-            vectors = [tf.gather(table, routed[:, t]) for t, table in enumerate(self.tables)]
+            vectors = [gather_rows(table, routed[:, t]) for t, table in enumerate(self.tables)]
         return tf.concat(vectors, axis=1)
 
     def output_distribution(self, looked_up: Any, local_rows: Any) -> tf.Tensor:

@@ -37,7 +37,7 @@ from typing import Any, NamedTuple
 import tensorflow as tf
 
 from dlrm.dist import Collectives
-from dlrm.embedding.base import Embeddings, pool, pooled_lookup
+from dlrm.embedding.base import Embeddings, gather_rows, pool, pooled_lookup
 from dlrm.embedding.planner import ShardingPlan, TableSpec, replicated_gradient_exchange
 from dlrm.embedding.shard import ShardingKind, TableShard
 
@@ -85,7 +85,7 @@ class RowRanges(ShardPiece):
         # Gather only the ids inside the range, so that the gradient lists only rows
         # that were looked up: a zero-gradient entry for an outside id would still
         # move lazy Adam's moments of that row, which one process never touches.
-        found = tf.gather(variable, tf.boolean_mask(local, inside))  # [n, width]
+        found = gather_rows(variable, tf.boolean_mask(local, inside))  # [n, width]
         if isinstance(ids, tf.RaggedTensor):
             rows = tf.boolean_mask(ids.value_rowids(), inside)
             sums = tf.math.unsorted_segment_sum(found, rows, ids.nrows())
