@@ -13,7 +13,9 @@ Layout of `<root>/step_<step:09d>/`:
   added. One process writes one shard per table (the whole table); sharded runs
   write several, and `restore_table_slice` streams any [rows, columns] slice
   from whatever shards a checkpoint has, in row chunks of bounded size, which
-  is what restoring on another number of ranks needs.
+  is what restoring on another number of ranks needs. Writing streams too: a
+  shard is written (and hashed) in row chunks read from a `RowReader`, so
+  neither direction needs a copy of a table.
 
 Opening a checkpoint reads and checks the manifest only. Each data file is
 checked against its size and sha256 the first time it is read (once per
@@ -36,7 +38,7 @@ import re
 import shutil
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, BinaryIO, NamedTuple
 
 import numpy as np
 
@@ -46,7 +48,8 @@ from feature_spec.staged import publish, staging_path, start_staging
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
 DENSE_FILE = "dense.npz"
-# Rows restored per `assign` call are sized to about this many bytes.
+# Rows restored per `assign` call, or written per read, are sized to about
+# this many bytes.
 DEFAULT_CHUNK_BYTES = 64 << 20
 _STEP_DIR = re.compile(r"^step_(\d+)$")
 _HASH_BLOCK = 1 << 22
@@ -54,6 +57,12 @@ _HASH_BLOCK = 1 << 22
 
 class CheckpointError(RuntimeError):
     """A checkpoint is missing, incomplete, corrupted or does not fit the model."""
+
+
+RowReader = Callable[[int, int], np.ndarray]
+"""`read(start, stop)`: rows [start, stop) of a shard (or of one of its optimizer
+slots), [stop - start, width] float32; e.g. `dlrm.embedding.base.read_rows` of a
+variable, so that a shard is written without a copy of it in memory."""
 
 
 def shard_file_name(shard: TableShard) -> str:
@@ -73,6 +82,45 @@ def _sha256(path: Path) -> str:
 def _fsync(path: Path) -> None:
     with path.open("rb") as handle:
         os.fsync(handle.fileno())
+
+
+def _write_npy_rows(
+    handle: BinaryIO,
+    what: str,
+    source: np.ndarray | RowReader,
+    shape: tuple[int, int],
+    chunk_rows: int,
+) -> dict[str, Any]:
+    """Writes float32 `shape` from `source` as a C-order `.npy` file (the bytes
+    `np.save` writes), `chunk_rows` rows at a time; returns its sha256 and size."""
+    header = io.BytesIO()
+    np.lib.format.write_array_header_1_0(
+        header,
+        {
+            "descr": np.lib.format.dtype_to_descr(np.dtype(np.float32)),
+            "fortran_order": False,
+            "shape": shape,
+        },
+    )
+    digest = hashlib.sha256(header.getvalue())
+    size = handle.write(header.getvalue())
+    rows, width = shape
+    for start in range(0, rows, chunk_rows):
+        stop = min(start + chunk_rows, rows)
+        if isinstance(source, np.ndarray):
+            chunk = np.ascontiguousarray(source[start:stop], np.float32)
+        else:
+            chunk = np.ascontiguousarray(source(start, stop), np.float32)
+            if chunk.shape != (stop - start, width):
+                raise CheckpointError(
+                    f"{what}: rows [{start}, {stop}) read as shape {chunk.shape}, expected "
+                    f"{(stop - start, width)}"
+                )
+        data = chunk.data.cast("B")
+        digest.update(data)
+        size += handle.write(data)
+        del chunk, data  # before the next chunk is read
+    return {"sha256": digest.hexdigest(), "bytes": size}
 
 
 def step_directory_name(step: int) -> str:
@@ -96,26 +144,22 @@ class CheckpointWriter:
         if create:
             start_staging(self.final, overwrite=True)
             (self.staging / "embeddings").mkdir()
-        self._files: list[str] = []
+        self._files: dict[str, dict[str, Any]] = {}
         self._tables: dict[int, dict[str, Any]] = {}
 
     def contents(self) -> dict[str, Any]:
         """What this writer added: files with their checksums, and table shards
         (gathered from every rank by rank 0 before `commit`)."""
-        return {
-            "files": {
-                name: {
-                    "sha256": _sha256(self.staging / name),
-                    "bytes": (self.staging / name).stat().st_size,
-                }
-                for name in self._files
-            },
-            "tables": self._tables,
-        }
+        return {"files": dict(self._files), "tables": self._tables}
 
-    def _written(self, relative: str) -> None:
-        _fsync(self.staging / relative)
-        self._files.append(relative)
+    def _written(self, relative: str, checksum: dict[str, Any] | None = None) -> None:
+        """Syncs a finished file and records its checksum (`checksum` when its
+        bytes were hashed as they were written, else read back)."""
+        path = self.staging / relative
+        _fsync(path)
+        if checksum is None:
+            checksum = {"sha256": _sha256(path), "bytes": path.stat().st_size}
+        self._files[relative] = checksum
 
     def add_dense(self, arrays: Mapping[str, np.ndarray]) -> None:
         """Dense weights, their slots and counters, by name."""
@@ -129,15 +173,20 @@ class CheckpointWriter:
         self,
         shard: TableShard,
         table_shape: tuple[int, int],
-        values: np.ndarray,
-        slots: Mapping[str, np.ndarray],
+        values: np.ndarray | RowReader,
+        slots: Mapping[str, np.ndarray | RowReader],
+        chunk_bytes: int = DEFAULT_CHUNK_BYTES,
     ) -> None:
         """One shard of table `shard.table` (whole shape `table_shape`) and its
         optimizer slots, each [shard.height, shard.width], stored as float32.
 
-        `values` and `slots` may be memory maps: they are written without a copy
-        when they are C-contiguous float32.
+        Each of `values` and `slots` is an array (a memory map too) or a
+        `RowReader`; either is written, and hashed, in row chunks of about
+        `chunk_bytes`, one file after the other, so that writing holds one chunk
+        besides what the caller holds. The files are `np.save`'s, byte for byte.
         """
+        if chunk_bytes < 1:
+            raise ValueError(f"chunk_bytes must be positive, got {chunk_bytes}")
         table_rows, table_columns = table_shape
         if shard.rows[1] > table_rows or shard.columns[1] > table_columns:
             raise CheckpointError(
@@ -146,28 +195,31 @@ class CheckpointWriter:
             )
         expected = (shard.height, shard.width)
         for name, array in [("values", values), *slots.items()]:
-            if tuple(array.shape) != expected:
+            if isinstance(array, np.ndarray) and tuple(array.shape) != expected:
                 raise CheckpointError(
                     f"{shard.name}: {name} has shape {tuple(array.shape)}, expected {expected}"
                 )
+        earlier = self._tables.get(shard.table, {"shape": list(table_shape)})["shape"]
+        if earlier != list(table_shape):
+            raise CheckpointError(
+                f"{shard.name}: table shape {list(table_shape)}, an earlier shard of table "
+                f"{shard.table} said {earlier}"
+            )
         base = shard_file_name(shard)
-        np.save(self.staging / f"{base}.npy", np.ascontiguousarray(values, np.float32))
-        self._written(f"{base}.npy")
-        slot_files = {}
-        for slot, array in slots.items():
-            relative = f"{base}.{slot}.npy"
-            np.save(self.staging / relative, np.ascontiguousarray(array, np.float32))
-            self._written(relative)
-            slot_files[slot] = relative
+        chunk_rows = max(1, chunk_bytes // (4 * max(shard.width, 1)))
+        files = {"values": f"{base}.npy", **{slot: f"{base}.{slot}.npy" for slot in slots}}
+        for name, source in [("values", values), *slots.items()]:
+            relative = files[name]
+            with (self.staging / relative).open("wb") as handle:
+                checksum = _write_npy_rows(
+                    handle, f"{shard.name} {name}", source, expected, chunk_rows
+                )
+            self._written(relative, checksum)
+        slot_files = {slot: files[slot] for slot in slots}
         entry = self._tables.setdefault(
             shard.table, {"index": shard.table, "shape": list(table_shape), "shards": []}
         )
-        if entry["shape"] != list(table_shape):
-            raise CheckpointError(
-                f"{shard.name}: table shape {list(table_shape)}, an earlier shard of table "
-                f"{shard.table} said {entry['shape']}"
-            )
-        entry["shards"].append({**shard.to_dict(), "file": f"{base}.npy", "slots": slot_files})
+        entry["shards"].append({**shard.to_dict(), "file": files["values"], "slots": slot_files})
 
     def commit(
         self,

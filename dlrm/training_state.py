@@ -11,9 +11,9 @@ from typing import Any
 
 import numpy as np
 
-from dlrm.checkpoint import Checkpoint, CheckpointError, CheckpointWriter
+from dlrm.checkpoint import Checkpoint, CheckpointError, CheckpointWriter, RowReader
 from dlrm.dist import Collectives, failures_on_any_rank
-from dlrm.embedding.base import assign_rows
+from dlrm.embedding.base import assign_rows, read_rows
 from dlrm.embedding.shard import ShardingKind, TableShard
 from dlrm.model import LEGACY_VALUES, Dlrm
 from dlrm.optimizers import variable_name
@@ -35,7 +35,9 @@ def save_training_state(
     Under several ranks (`trainer.collectives`), every rank writes its own table
     shards in parallel into the staging directory rank 0 created (a filesystem
     all ranks share); rank 0 writes the dense part and replicated tables, then
-    the manifest once every rank has finished. No rank gathers the model.
+    the manifest once every rank has finished. No rank gathers the model, and
+    no rank copies a shard: each shard and slot is streamed to its file in row
+    chunks (`read_rows`), so a table of any size saves in one chunk of memory.
 
     Each of the three stages ends in one collective that every rank reaches
     whether its part worked or not; if any rank failed, every rank raises
@@ -65,11 +67,15 @@ def save_training_state(
         for shard, variable in trainer.model.embeddings.local_shards():
             if shard.kind == ShardingKind.DATA_PARALLEL and not lead:
                 continue  # rank 0 writes the one copy
+            # Streamed in row chunks: no copy of the shard or its slots in memory.
             writer.add_table_shard(
                 shard,
                 trainer.model.embeddings.table_shape(shard.table),
-                np.asarray(variable.numpy()),
-                {slot: value.numpy() for slot, value in trainer.optimizer.slots(variable).items()},
+                _row_reader(variable),
+                {
+                    slot: _row_reader(value)
+                    for slot, value in trainer.optimizer.slots(variable).items()
+                },
             )
         contents.update(writer.contents())
 
@@ -97,6 +103,13 @@ def save_training_state(
     )
     assert writer is not None
     return writer.final
+
+
+def _row_reader(variable: Any) -> RowReader:
+    def read(start: int, stop: int) -> np.ndarray:
+        return read_rows(variable, start, stop)
+
+    return read
 
 
 def _dense_arrays(trainer: Trainer, step: int) -> dict[str, np.ndarray]:
