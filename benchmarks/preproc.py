@@ -1,23 +1,34 @@
-"""Spark preprocessing throughput: rows/s of preproc.criteo on a generated click log.
+"""Spark preprocessing throughput and memory: preproc.criteo on a generated click log.
 
-    python benchmarks/preproc.py [--rows 1000000] [--days 4] [--spark_master local[*]]
-        [--driver_memory 4g] [--frequency_threshold 2] [--work_dir DIR] [--json FILE]
+    python benchmarks/preproc.py [--rows 1020000] [--days 3] [--spark_master local[2]]
+        [--driver_memory 4g] [--frequency_threshold 3] [--work_dir DIR] [--reuse_log]
+        [--json FILE]
 
 Generates a Criteo-format log (`--days` day files, `--rows` lines in all, the last
 day the test split), then runs the whole pipeline (parse, vocabularies, train and
-test splits, spec and report) in one Spark session and prints the time of each
-stage and the rows per second: input lines over the pipeline's wall time (Spark's
-start-up not included; it is printed apart).
+test splits, spec and report) in one Spark session and prints, per stage and in
+all, the time, the rows per second and the peak resident memory summed over the
+process tree (this Python process, Spark's JVM and its Python workers; sampled
+every 0.1 s). Rows per second: input lines over the pipeline's wall time for the
+whole run and the parse stage, the rows the stage reads for the others (train
+lines for the vocabulary, the split's rows for a split). Spark's start-up is not
+included; it is printed apart.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
+from typing import Any
+
+import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
@@ -25,17 +36,58 @@ from dataloading.criteo_tsv import generate_criteo_tsv
 from preproc.config import InputFile, NumericalTransform, PipelineConfig
 from preproc.layout import criteo_layout
 from preproc.pipeline import run_pipeline
-from preproc.spark import SparkSettings, start_spark
+from preproc.spark import SparkSettings, print_to_stderr, start_spark
+
+SAMPLE_SECONDS = 0.1
+
+
+class PeakMemory:
+    """Samples the resident memory of this process and all its descendants, and
+    keeps the peak per phase (the phase is set by `enter`; `None`: not counted)."""
+
+    def __init__(self) -> None:
+        self.phase: str | None = None
+        self.peaks: dict[str, int] = {}
+        self.overall = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, name="peak-memory", daemon=True)
+
+    def __enter__(self) -> PeakMemory:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def enter(self, phase: str | None) -> None:
+        self.phase = phase
+
+    def _sample(self) -> None:
+        root = psutil.Process(os.getpid())
+        while not self._stop.wait(SAMPLE_SECONDS):
+            total = 0
+            with contextlib.suppress(psutil.Error):  # the tree changes while it is read
+                for member in [root, *root.children(recursive=True)]:
+                    with contextlib.suppress(psutil.Error):
+                        total += member.memory_info().rss
+            phase = self.phase
+            if phase is not None:
+                self.peaks[phase] = max(self.peaks.get(phase, 0), total)
+                self.overall = max(self.overall, total)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rows", type=int, default=1_000_000)
-    parser.add_argument("--days", type=int, default=4)
-    parser.add_argument("--spark_master", default="local[*]")
+    parser.add_argument("--rows", type=int, default=1_020_000)
+    parser.add_argument("--days", type=int, default=3)
+    parser.add_argument("--spark_master", default="local[2]")
     parser.add_argument("--driver_memory", default="4g")
-    parser.add_argument("--frequency_threshold", type=int, default=2)
+    parser.add_argument("--frequency_threshold", type=int, default=3)
     parser.add_argument("--work_dir", type=Path, help="keep the log and dataset here")
+    parser.add_argument(
+        "--reuse_log", action="store_true", help="use the log already in --work_dir/raw"
+    )
     parser.add_argument("--json", type=Path, help="also write the figures to this file")
     args = parser.parse_args()
 
@@ -43,27 +95,29 @@ def main() -> None:
         work = args.work_dir or Path(tmp)
         raw = work / "raw"
         start = time.perf_counter()
-        log = generate_criteo_tsv(
-            raw,
-            days=args.days,
-            rows_per_day=args.rows // args.days,
-            short_row_fraction=0.01,
-            malformed_rows_per_day=10,
-            overwrite=True,
-        )
-        lines = sum(log.rows_per_file)
-        size = sum(p.stat().st_size for p in log.files)
+        if args.reuse_log and raw.is_dir():
+            files = sorted(raw.glob("day_*"), key=lambda p: int(p.name.split("_")[1]))
+        else:
+            files = generate_criteo_tsv(
+                raw,
+                days=args.days,
+                rows_per_day=args.rows // args.days,
+                short_row_fraction=0.01,
+                malformed_rows_per_day=10,
+                overwrite=True,
+            ).files
+        size = sum(p.stat().st_size for p in files)
         print(
-            f"generated {lines:,} lines ({size / 1e6:,.0f} MB) in {args.days} day files "
-            f"in {time.perf_counter() - start:.1f} s",
+            f"log: {len(files)} day files, {size / 1e6:,.0f} MB "
+            f"({time.perf_counter() - start:.1f} s)",
             flush=True,
         )
         layout = criteo_layout()
         config = PipelineConfig(
             layout=layout,
             files=tuple(
-                InputFile.of(p, "test" if i == len(log.files) - 1 else "train")
-                for i, p in enumerate(log.files)
+                InputFile.of(p, "test" if i == len(files) - 1 else "train")
+                for i, p in enumerate(files)
             ),
             mappings=("train", "test"),
             output_dir=work / "dataset",
@@ -76,34 +130,64 @@ def main() -> None:
             driver_memory=args.driver_memory,
             spark_conf=(("spark.ui.enabled", "false"),),
         )
-        start = time.perf_counter()
-        spark = start_spark(settings)
-        startup = time.perf_counter() - start
-        try:
+        with PeakMemory() as memory:
+
+            def console(line: str) -> None:
+                # "[preproc] <stage>: started" opens a stage's sampling window.
+                words = line.split()
+                if len(words) == 3 and words[0] == "[preproc]" and words[2] == "started":
+                    memory.enter(words[1].rstrip(":"))
+                print_to_stderr(line)
+
             start = time.perf_counter()
-            report = run_pipeline(config, spark)
-            elapsed = time.perf_counter() - start
-            parallelism = spark.sparkContext.defaultParallelism
-        finally:
-            spark.stop()
-    stages = ", ".join(f"{name} {s['seconds']:.1f} s" for name, s in report["stages"].items())
-    rows = sum(split["rows"] for split in report["splits"].values())
+            spark = start_spark(settings)
+            startup = time.perf_counter() - start
+            try:
+                start = time.perf_counter()
+                report = run_pipeline(config, spark, console)
+                elapsed = time.perf_counter() - start
+                parallelism = spark.sparkContext.defaultParallelism
+            finally:
+                memory.enter(None)
+                spark.stop()
+    figures = _figures(report, elapsed, memory)
+    figures["spark_startup_seconds"] = startup
     print(f"Spark start-up: {startup:.1f} s (master {args.spark_master}, {parallelism} cores)")
-    print(f"stages: {stages}")
-    print(
-        f"preprocessed {lines:,} lines ({rows:,} rows written) in {elapsed:.1f} s: "
-        f"{lines / elapsed:,.0f} rows/s"
-    )
+    print(f"{'stage':<12}{'rows':>12}{'seconds':>10}{'rows/s':>10}{'peak RSS':>10}")
+    for name, stage in [*figures["stages"].items(), ("total", figures)]:
+        print(
+            f"{name:<12}{stage['rows']:>12,}{stage['seconds']:>10.1f}"
+            f"{stage['rows_per_second']:>10,.0f}{stage['peak_rss_bytes'] / 2**30:>8.2f} GiB"
+        )
     if args.json:
-        figures = {
-            "lines": lines,
-            "rows_written": rows,
-            "seconds": elapsed,
-            "rows_per_second": lines / elapsed,
-            "spark_startup_seconds": startup,
-            "stage_seconds": {name: s["seconds"] for name, s in report["stages"].items()},
-        }
         args.json.write_text(json.dumps(figures, indent=2) + "\n")
+
+
+def _figures(report: dict[str, Any], elapsed: float, memory: PeakMemory) -> dict[str, Any]:
+    """Per stage and in all: rows, seconds, rows/s, peak RSS bytes."""
+    files = report["files"]
+    lines = sum(f["lines"] for f in files)
+    train_lines = sum(f["lines"] for f in files if f["mapping"] == "train")
+    rows = {"parse": lines, "vocabulary": train_lines}
+    rows.update({name: split["rows"] for name, split in report["splits"].items()})
+    stages = {}
+    for name, timing in report["stages"].items():
+        if name not in rows:
+            continue
+        seconds = timing["seconds"]
+        stages[name] = {
+            "rows": rows[name],
+            "seconds": seconds,
+            "rows_per_second": rows[name] / seconds,
+            "peak_rss_bytes": memory.peaks.get(name, 0),
+        }
+    return {
+        "rows": lines,
+        "seconds": elapsed,
+        "rows_per_second": lines / elapsed,
+        "peak_rss_bytes": memory.overall,
+        "stages": stages,
+    }
 
 
 if __name__ == "__main__":
