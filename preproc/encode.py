@@ -4,8 +4,8 @@ Order: the train rows by a seeded hash of (file key, line number), a shuffle tha
 is the same for the same seed and input whatever the Spark partitioning; the other
 mappings in input order (file, then line). Rows are spread over `buckets`,
 consecutive ranges of that order, with one Spark shuffle (no sampling pass), sorted
-within each task, written as part files by `partition_writer` and joined in bucket
-order.
+within each task, handed to Python as Arrow batches (`mapInArrow`), written as part
+files by `partition_writer` and joined in bucket order.
 """
 
 from __future__ import annotations
@@ -26,7 +26,13 @@ from preproc.layout import (
     numerical_column,
 )
 from preproc.parse import FILE_COLUMN, LINE_COLUMN
-from preproc.partition_writer import PartFormat, PartStats, concatenate_parts, write_partition
+from preproc.partition_writer import (
+    STATS_SCHEMA,
+    PartFormat,
+    PartStats,
+    concatenate_parts,
+    write_arrow_partition,
+)
 from preproc.vocabulary import ID_COLUMN, VALUE_COLUMN, read_vocabulary
 
 if TYPE_CHECKING:
@@ -192,10 +198,10 @@ def write_ordered(
         .select(*columns)
     )
     Path(part.parts_dir).mkdir(parents=True, exist_ok=True)
-    results = tasks.rdd.mapPartitions(functools.partial(write_partition, part)).collect()
+    write = functools.partial(write_arrow_partition, part)
     total = PartStats.empty(part)
-    for stats in results:
-        total.add(stats)
+    for row in tasks.mapInArrow(write, STATS_SCHEMA).collect():
+        total.add(PartStats(**row.asDict()))
     concatenate_parts(part, output_dir)
     return total
 

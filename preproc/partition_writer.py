@@ -1,6 +1,7 @@
 """Split-binary part files written by Spark tasks, joined in order by the driver.
 
-Runs in Spark's Python workers, so it needs numpy only. A task receives its rows
+Runs in Spark's Python workers (numpy and pyarrow). A task receives its rows as
+Arrow record batches (`DataFrame.mapInArrow`: columns, no Python object per row),
 sorted by (bucket, order); buckets are consecutive ranges of the final order, and
 all rows of a bucket are in one task. Each bucket is written to
 `<parts>/<bucket>/` (label.bin, numerical.bin, cat_<i>.bin): staged beside it and
@@ -26,9 +27,10 @@ import itertools
 import shutil
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import IO, Any
+from typing import IO
 
 import numpy as np
+import pyarrow as pa
 
 from feature_spec.criteo import LABEL_FILE, NUMERICAL_FILE, categorical_name
 from feature_spec.staged import staged_directory
@@ -54,8 +56,8 @@ def _lengths_file(index: int) -> str:
 class PartFormat:
     """What a task writes: where, and the dtype and id range of each column.
 
-    Rows given to `write_partition` are (bucket, label, numerical..., categorical...);
-    a variable-length categorical value is a sequence of ids.
+    The columns given to `write_partition` are (bucket, label, numerical...,
+    categorical...); a variable-length categorical value is a list of ids.
 
     Attributes:
         variable_length: per categorical feature, whether it is a list of ids;
@@ -66,7 +68,6 @@ class PartFormat:
     num_numerical: int
     categorical_dtypes: tuple[str, ...]
     cardinalities: tuple[int, ...]
-    batch_rows: int = 65536
     variable_length: tuple[bool, ...] = ()
 
     def __post_init__(self) -> None:
@@ -115,49 +116,124 @@ class PartStats:
         self.ids = [a + b for a, b in zip(self.ids, other.ids, strict=True)]
 
 
-def write_partition(part: PartFormat, rows: Iterable[Sequence[Any]]) -> Iterator[PartStats]:
-    """Writes one task's rows (sorted by bucket) into bucket part directories."""
+# The Spark schema of the one row `write_arrow_partition` returns per task.
+STATS_SCHEMA = (
+    "rows long, positives long, zero_ids array<long>, saturated array<long>, ids array<long>"
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Segment:
+    """Consecutive rows of one bucket, as arrays.
+
+    Attributes:
+        numerical: float64 [rows, num_numerical], or None when there is none.
+        categorical: per feature, its ids (int64) and, for a variable-length
+            feature, the row lengths (int64 [rows]; None otherwise).
+    """
+
+    bucket: int
+    label: np.ndarray
+    numerical: np.ndarray | None
+    categorical: list[tuple[np.ndarray, np.ndarray | None]]
+
+
+def write_partition(part: PartFormat, batches: Iterable[pa.RecordBatch]) -> Iterator[PartStats]:
+    """Writes one task's rows into bucket part directories.
+
+    `batches` hold the columns (bucket, label, numerical..., categorical...) in that
+    order, rows sorted by bucket; no value is null (a list may be empty).
+    """
     stats = PartStats.empty(part)
-    for bucket, bucket_rows in itertools.groupby(rows, key=lambda row: int(row[0])):
+    segments = (s for batch in batches for s in _segments(part, batch))
+    for bucket, bucket_segments in itertools.groupby(segments, key=lambda s: s.bucket):
         final = Path(part.parts_dir) / f"{bucket:06d}"
         # Staged under a name of its own: another attempt of the same task (a
         # retry, a speculative copy) may be writing this bucket at the same time.
         # A finished earlier attempt is replaced whole.
         with staged_directory(final, overwrite=True, unique=True) as staging:
-            _write_bucket(part, staging, bucket_rows, stats)
+            _write_bucket(part, staging, bucket_segments, stats)
     yield stats
 
 
+def write_arrow_partition(
+    part: PartFormat, batches: Iterable[pa.RecordBatch]
+) -> Iterator[pa.RecordBatch]:
+    """`write_partition` for `DataFrame.mapInArrow`: its stats as one row of
+    `STATS_SCHEMA`."""
+    for stats in write_partition(part, batches):
+        yield pa.RecordBatch.from_pydict(
+            {field.name: [getattr(stats, field.name)] for field in _STATS_ARROW},
+            schema=_STATS_ARROW,
+        )
+
+
+_STATS_ARROW = pa.schema(
+    [
+        ("rows", pa.int64()),
+        ("positives", pa.int64()),
+        ("zero_ids", pa.list_(pa.int64())),
+        ("saturated", pa.list_(pa.int64())),
+        ("ids", pa.list_(pa.int64())),
+    ]
+)
+
+
+def _segments(part: PartFormat, batch: pa.RecordBatch) -> Iterator[_Segment]:
+    """The rows of `batch` as arrays, cut where the bucket changes."""
+    if batch.num_rows == 0:
+        return
+    bucket = batch.column(0).to_numpy()
+    label = batch.column(1).to_numpy(zero_copy_only=False)
+    n_num = part.num_numerical
+    numerical = None
+    if n_num:
+        numerical = np.column_stack([batch.column(2 + i).to_numpy() for i in range(n_num)])
+    categorical = []
+    for i in range(len(part.cardinalities)):
+        column = batch.column(2 + n_num + i)
+        if part.is_variable_length(i):
+            offsets = column.offsets.to_numpy().astype(np.int64)
+            ids = column.flatten().to_numpy().astype(np.int64)
+            categorical.append((ids, np.diff(offsets), offsets - offsets[0]))
+        else:
+            categorical.append((column.to_numpy().astype(np.int64), None, None))
+    cuts = np.flatnonzero(bucket[1:] != bucket[:-1]) + 1
+    for start, stop in zip([0, *cuts], [*cuts, len(bucket)], strict=True):
+        yield _Segment(
+            bucket=int(bucket[start]),
+            label=label[start:stop],
+            numerical=None if numerical is None else numerical[start:stop],
+            categorical=[
+                (ids[start:stop], None)
+                if offsets is None
+                else (ids[offsets[start] : offsets[stop]], lengths[start:stop])
+                for ids, lengths, offsets in categorical
+            ],
+        )
+
+
 def _write_bucket(
-    part: PartFormat, directory: Path, rows: Iterator[Sequence[Any]], stats: PartStats
+    part: PartFormat, directory: Path, segments: Iterator[_Segment], stats: PartStats
 ) -> None:
     with contextlib.ExitStack() as stack:
         files = [stack.enter_context(open(directory / name, "wb")) for name in part.file_names]
-        while batch := list(itertools.islice(rows, part.batch_rows)):
-            _write_batch(part, files, batch, stats)
+        for segment in segments:
+            _write_segment(part, files, segment, stats)
 
 
-def _write_batch(
-    part: PartFormat, files: Sequence[IO[bytes]], batch: list[Sequence[Any]], stats: PartStats
+def _write_segment(
+    part: PartFormat, files: Sequence[IO[bytes]], segment: _Segment, stats: PartStats
 ) -> None:
-    columns = list(zip(*batch, strict=True))
-    label = np.array(columns[1], dtype=np.bool_)
+    label = segment.label.astype(np.bool_, copy=False)
     arrays: list[np.ndarray] = [label]
-    n_num = part.num_numerical
-    if n_num:
-        values = np.array(columns[2 : 2 + n_num], dtype=np.float64).T
+    if segment.numerical is not None:
+        values = segment.numerical
         saturated = (np.abs(values) > FLOAT16_MAX).sum(axis=0)
         clipped = np.clip(values, -FLOAT16_MAX, FLOAT16_MAX)
         arrays.append(clipped.astype(np.float16, order="C"))
         stats.saturated = [a + int(b) for a, b in zip(stats.saturated, saturated, strict=True)]
-    for i, column in enumerate(columns[2 + n_num :]):
-        lengths = None
-        if part.is_variable_length(i):
-            lengths = np.fromiter(map(len, column), dtype=np.int64, count=len(column))
-            elements = itertools.chain.from_iterable(column)
-            ids = np.fromiter(elements, dtype=np.int64, count=int(lengths.sum()))
-        else:
-            ids = np.array(column, dtype=np.int64)
+    for i, (ids, lengths) in enumerate(segment.categorical):
         cardinality = part.cardinalities[i]
         if ids.size and (ids.min() < 0 or ids.max() >= cardinality):
             bad = int(ids[(ids < 0) | (ids >= cardinality)][0])
@@ -171,7 +247,7 @@ def _write_batch(
             arrays.append(lengths)
     for file, array in zip(files, arrays, strict=True):
         array.tofile(file)
-    stats.rows += len(batch)
+    stats.rows += len(label)
     stats.positives += int(np.count_nonzero(label))
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
 import re
 import sys
 import threading
@@ -185,6 +186,12 @@ def start_spark(settings: SparkSettings, console: Console = print_to_stderr) -> 
     """A SparkSession configured by `settings` (validated first, before the JVM starts)."""
     conf = spark_conf(settings)
     from pyspark.sql import SparkSession
+
+    if settings.is_local:
+        # The Python workers run on this machine: give them this interpreter (it has
+        # the project's packages, pyarrow among them) unless PYSPARK_PYTHON says
+        # otherwise. Spark's default is whichever `python3` is first on PATH.
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 
     builder = SparkSession.builder
     for key, value in conf.items():

@@ -3,10 +3,12 @@ row offsets); the output spec layout; the report table."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 import pytest
 
 from dataloading.files import SplitBinaryFiles
@@ -20,11 +22,35 @@ from preproc.layout import (
     criteo_layout,
 )
 from preproc.output_spec import dataset_spec
-from preproc.partition_writer import PartFormat, concatenate_parts, write_partition
+from preproc.partition_writer import (
+    PartFormat,
+    PartStats,
+    concatenate_parts,
+    write_arrow_partition,
+    write_partition,
+)
 from preproc.report import format_report
 
 CARDINALITIES = (3, 300, 70000)
 DTYPES = ("int8", "int16", "int32")
+
+
+def batches(
+    part: PartFormat, rows: list[tuple[object, ...]], size: int = 4
+) -> list[pa.RecordBatch]:
+    """`rows` (bucket, label, numerical..., categorical...) as Arrow batches of
+    `size` rows, typed as Spark hands them to `mapInArrow`."""
+    types = [pa.int32(), pa.bool_(), *[pa.float64()] * part.num_numerical]
+    for i in range(len(part.cardinalities)):
+        types.append(pa.list_(pa.int32()) if part.is_variable_length(i) else pa.int32())
+    columns = list(zip(*rows, strict=True))
+    arrays = [pa.array(column, type=t) for column, t in zip(columns, types, strict=True)]
+    table = pa.Table.from_arrays(arrays, names=[f"c{i}" for i in range(len(arrays))])
+    return table.to_batches(max_chunksize=size)
+
+
+def write(part: PartFormat, rows: list[tuple[object, ...]], size: int = 4) -> list[PartStats]:
+    return list(write_partition(part, batches(part, rows, size)))
 
 
 def rows(bucket: int, start: int, count: int) -> list[tuple[object, ...]]:
@@ -35,10 +61,11 @@ def rows(bucket: int, start: int, count: int) -> list[tuple[object, ...]]:
 
 
 def test_buckets_are_joined_in_order(tmp_path: Path) -> None:
-    part = PartFormat(str(tmp_path / "_parts"), 2, DTYPES, CARDINALITIES, batch_rows=4)
-    # Two tasks: buckets 0 and 3, and bucket 1 (bucket 2 got no rows).
-    first = list(write_partition(part, rows(0, 0, 5) + rows(3, 20, 6)))
-    second = list(write_partition(part, rows(1, 10, 9)))
+    part = PartFormat(str(tmp_path / "_parts"), 2, DTYPES, CARDINALITIES)
+    # Two tasks: buckets 0 and 3 (the change within a batch), and bucket 1 (bucket 2
+    # got no rows).
+    first = write(part, rows(0, 0, 5) + rows(3, 20, 6))
+    second = write(part, rows(1, 10, 9))
     assert [s.rows for s in first + second] == [11, 9]
     assert concatenate_parts(part, tmp_path) == 3
     assert not (tmp_path / "_parts").exists()
@@ -56,13 +83,24 @@ def test_buckets_are_joined_in_order(tmp_path: Path) -> None:
 def test_saturation_is_counted_and_ids_are_checked(tmp_path: Path) -> None:
     part = PartFormat(str(tmp_path / "_parts"), 2, DTYPES, CARDINALITIES)
     data = [(0, True, 1e6, -7e4, 0, 0, 0), (0, False, 65504.0, 1.0, 2, 299, 69999)]
-    (stats,) = write_partition(part, data)
+    (stats,) = write(part, data)
     assert stats.saturated == [1, 1] and stats.positives == 1
     concatenate_parts(part, tmp_path)
     numerical = np.fromfile(tmp_path / "numerical.bin", dtype=np.float16).reshape(-1, 2)
     assert numerical.tolist() == [[65504.0, -65504.0], [65504.0, 1.0]]
     with pytest.raises(ValueError, match=r"cat_1: expected ids in \[0, 300\), got 300"):
-        list(write_partition(part, [(0, True, 0.0, 0.0, 0, 300, 0)]))
+        write(part, [(0, True, 0.0, 0.0, 0, 300, 0)])
+
+
+def test_a_failed_bucket_leaves_no_part_and_stats_are_one_arrow_row(tmp_path: Path) -> None:
+    part = PartFormat(str(tmp_path / "_parts"), 2, DTYPES, CARDINALITIES)
+    good = rows(0, 0, 3)
+    with pytest.raises(ValueError, match="cat_2: expected ids"):
+        write(part, [*good, (1, True, 0.0, 0.0, 0, 0, 70000)])
+    assert sorted(p.name for p in (tmp_path / "_parts").iterdir()) == ["000000"]
+    (stats,) = write_arrow_partition(part, batches(part, good))
+    assert stats.num_rows == 1
+    assert stats.to_pylist()[0] == dataclasses.asdict(write(part, good)[0])
 
 
 def list_rows(bucket: int, start: int, count: int) -> list[tuple[object, ...]]:
@@ -75,12 +113,12 @@ def list_rows(bucket: int, start: int, count: int) -> list[tuple[object, ...]]:
 
 def test_list_parts_are_joined_with_global_offsets(tmp_path: Path) -> None:
     part = PartFormat(
-        str(tmp_path / "_parts"), 1, ("int8", "int16"), (5, 11), 3, variable_length=(False, True)
+        str(tmp_path / "_parts"), 1, ("int8", "int16"), (5, 11), variable_length=(False, True)
     )
     # Buckets 0 and 2 in one task, bucket 1 (empty lists only) in another.
     empty = [(1, True, 0.0, 4, []), (1, False, 0.0, 0, [])]
-    first = list(write_partition(part, list_rows(0, 0, 7) + list_rows(2, 30, 5)))
-    second = list(write_partition(part, empty))
+    first = write(part, list_rows(0, 0, 7) + list_rows(2, 30, 5), size=3)
+    second = write(part, empty, size=3)
     lists = sum(r % 4 for r in [*range(7), *range(30, 35)])
     assert [s.ids for s in first + second] == [[12, lists], [2, 0]]
     assert concatenate_parts(part, tmp_path) == 3
@@ -100,7 +138,7 @@ def test_list_parts_are_joined_with_global_offsets(tmp_path: Path) -> None:
 def test_list_ids_are_checked(tmp_path: Path) -> None:
     part = PartFormat(str(tmp_path / "_parts"), 0, ("int8",), (11,), variable_length=(True,))
     with pytest.raises(ValueError, match=r"cat_0: expected ids in \[0, 11\), got 11"):
-        list(write_partition(part, [(0, True, [3]), (0, False, [0, 11, 2])]))
+        write(part, [(0, True, [3]), (0, False, [0, 11, 2])])
     with pytest.raises(ValueError, match="variable_length: expected one flag per categorical"):
         PartFormat(str(tmp_path), 0, ("int8",), (11,), variable_length=(True, False))
 
