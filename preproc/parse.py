@@ -103,7 +103,7 @@ def parse_lines(lines: DataFrame, layout: InputLayout) -> DataFrame:
 
     width = len(layout.fields)
     # Spark's line reader ends lines at \n, \r\n or \r: no \r is left in `value`.
-    split = F.split("value", "\\Q" + layout.delimiter + "\\E", -1)
+    split = F.split("value", split_pattern(layout.delimiter), -1)
     framed = lines.select(
         FILE_COLUMN,
         BLOCK_COLUMN,
@@ -196,7 +196,7 @@ def _parse_list(
     from pyspark.sql import functions as F
 
     assert layout.list_delimiter is not None  # checked by InputLayout
-    elements = F.split(value, "\\Q" + layout.list_delimiter + "\\E", -1)
+    elements = F.split(value, split_pattern(layout.list_delimiter), -1)
     element_type = "bigint" if column.kind == CategoricalKind.ID else "string"
 
     def parse(element: Column) -> Column:
@@ -229,6 +229,16 @@ def _parse_list(
         F.lit("'"),
     )
     return parsed, (check, detail)
+
+
+def split_pattern(delimiter: str) -> str:
+    """The Java regular expression that matches `delimiter` literally, in the form
+    `String.split` takes its fast path for (no regex engine): the character itself,
+    or a backslash and the character when it is special; `\\Q...\\E` for longer ones.
+    Spark's `split` goes through `String.split`: 2-3x faster on the fast path."""
+    if len(delimiter) != 1:
+        return "\\Q" + delimiter + "\\E"
+    return "\\" + delimiter if delimiter in ".$|()[{^?*+\\" else delimiter
 
 
 def line_pattern(layout: InputLayout) -> str:
