@@ -2,7 +2,7 @@
 
     python benchmarks/preproc.py [--rows 1020000] [--days 3] [--spark_master local[2]]
         [--driver_memory 4g] [--frequency_threshold 3] [--work_dir DIR] [--reuse_log]
-        [--json FILE]
+        [--spark_conf KEY=VALUE ...] [--json FILE]
 
 Generates a Criteo-format log (`--days` day files, `--rows` lines in all, the last
 day the test split), then runs the whole pipeline (parse, vocabularies, train and
@@ -21,6 +21,7 @@ import argparse
 import contextlib
 import json
 import os
+import subprocess
 import sys
 import tempfile
 import threading
@@ -32,12 +33,12 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
-from dataloading.criteo_tsv import generate_criteo_tsv
 from preproc.config import InputFile, NumericalTransform, PipelineConfig
 from preproc.layout import criteo_layout
 from preproc.pipeline import run_pipeline
-from preproc.spark import SparkSettings, print_to_stderr, start_spark
+from preproc.spark import SparkSettings, parse_conf_items, print_to_stderr, start_spark
 
+ROOT = Path(__file__).resolve().parents[1]
 SAMPLE_SECONDS = 0.1
 
 
@@ -88,6 +89,9 @@ def main() -> None:
     parser.add_argument(
         "--reuse_log", action="store_true", help="use the log already in --work_dir/raw"
     )
+    parser.add_argument(
+        "--spark_conf", action="append", default=[], help="KEY=VALUE, repeatable (Spark setting)"
+    )
     parser.add_argument("--json", type=Path, help="also write the figures to this file")
     args = parser.parse_args()
 
@@ -95,17 +99,13 @@ def main() -> None:
         work = args.work_dir or Path(tmp)
         raw = work / "raw"
         start = time.perf_counter()
-        if args.reuse_log and raw.is_dir():
-            files = sorted(raw.glob("day_*"), key=lambda p: int(p.name.split("_")[1]))
-        else:
-            files = generate_criteo_tsv(
-                raw,
-                days=args.days,
-                rows_per_day=args.rows // args.days,
-                short_row_fraction=0.01,
-                malformed_rows_per_day=10,
-                overwrite=True,
-            ).files
+        if not (args.reuse_log and raw.is_dir()):
+            # In a process of its own: the generator's memory is not the pipeline's.
+            command = [sys.executable, "-m", "dataloading.criteo_tsv", f"--output_dir={raw}"]
+            command += [f"--days={args.days}", f"--rows_per_day={args.rows // args.days}"]
+            command += ["--short_row_fraction=0.01", "--malformed_rows_per_day=10", "--overwrite"]
+            subprocess.run(command, check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
+        files = sorted(raw.glob("day_*"), key=lambda p: int(p.name.split("_")[1]))
         size = sum(p.stat().st_size for p in files)
         print(
             f"log: {len(files)} day files, {size / 1e6:,.0f} MB "
@@ -128,7 +128,7 @@ def main() -> None:
         settings = SparkSettings(
             spark_master=args.spark_master,
             driver_memory=args.driver_memory,
-            spark_conf=(("spark.ui.enabled", "false"),),
+            spark_conf=(("spark.ui.enabled", "false"), *parse_conf_items(args.spark_conf)),
         )
         with PeakMemory() as memory:
 
