@@ -7,9 +7,9 @@
 Generates a Criteo-format log (`--days` day files, `--rows` lines in all, the last
 day the test split), then runs the whole pipeline (parse, vocabularies, train and
 test splits, spec and report) in one Spark session and prints, per stage and in
-all, the time, the rows per second and the peak resident memory summed over the
-process tree (this Python process, Spark's JVM and its Python workers; sampled
-every 0.1 s). Rows per second: input lines over the pipeline's wall time for the
+all, the time, the rows per second, the CPU seconds and the peak resident memory
+of the process tree (this Python process, Spark's JVM and its Python workers;
+memory sampled every 0.1 s). Rows per second: input lines over the pipeline's wall time for the
 whole run and the parse stage, the rows the stage reads for the others (train
 lines for the vocabulary, the split's rows for a split). Spark's start-up is not
 included; it is printed apart.
@@ -44,12 +44,16 @@ SAMPLE_SECONDS = 0.1
 
 class PeakMemory:
     """Samples the resident memory of this process and all its descendants, and
-    keeps the peak per phase (the phase is set by `enter`; `None`: not counted)."""
+    keeps the peak per phase (the phase is set by `enter`; `None`: not counted).
+    Also the CPU seconds of the tree per phase (less sensitive than wall time to
+    other work on the machine)."""
 
     def __init__(self) -> None:
         self.phase: str | None = None
         self.peaks: dict[str, int] = {}
+        self.cpu: dict[str, float] = {}
         self.overall = 0
+        self._cpu_mark = 0.0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._sample, name="peak-memory", daemon=True)
 
@@ -62,7 +66,10 @@ class PeakMemory:
         self._thread.join()
 
     def enter(self, phase: str | None) -> None:
-        self.phase = phase
+        now = _tree_cpu_seconds()
+        if self.phase is not None:
+            self.cpu[self.phase] = self.cpu.get(self.phase, 0.0) + now - self._cpu_mark
+        self.phase, self._cpu_mark = phase, now
 
     def _sample(self) -> None:
         root = psutil.Process(os.getpid())
@@ -76,6 +83,19 @@ class PeakMemory:
             if phase is not None:
                 self.peaks[phase] = max(self.peaks.get(phase, 0), total)
                 self.overall = max(self.overall, total)
+
+
+def _tree_cpu_seconds() -> float:
+    """User and system CPU seconds of this process, its descendants and their
+    waited-for children (Spark's Python workers are children of its daemon)."""
+    root = psutil.Process(os.getpid())
+    total = 0.0
+    with contextlib.suppress(psutil.Error):
+        for member in [root, *root.children(recursive=True)]:
+            with contextlib.suppress(psutil.Error):
+                times = member.cpu_times()
+                total += times.user + times.system + times.children_user + times.children_system
+    return total
 
 
 def main() -> None:
@@ -153,18 +173,19 @@ def main() -> None:
     figures = _figures(report, elapsed, memory)
     figures["spark_startup_seconds"] = startup
     print(f"Spark start-up: {startup:.1f} s (master {args.spark_master}, {parallelism} cores)")
-    print(f"{'stage':<12}{'rows':>12}{'seconds':>10}{'rows/s':>10}{'peak RSS':>10}")
+    print(f"{'stage':<12}{'rows':>12}{'seconds':>10}{'rows/s':>10}{'CPU s':>8}{'peak RSS':>12}")
     for name, stage in [*figures["stages"].items(), ("total", figures)]:
         print(
             f"{name:<12}{stage['rows']:>12,}{stage['seconds']:>10.1f}"
-            f"{stage['rows_per_second']:>10,.0f}{stage['peak_rss_bytes'] / 2**30:>8.2f} GiB"
+            f"{stage['rows_per_second']:>10,.0f}{stage['cpu_seconds']:>8.1f}"
+            f"{stage['peak_rss_bytes'] / 2**30:>8.2f} GiB"
         )
     if args.json:
         args.json.write_text(json.dumps(figures, indent=2) + "\n")
 
 
 def _figures(report: dict[str, Any], elapsed: float, memory: PeakMemory) -> dict[str, Any]:
-    """Per stage and in all: rows, seconds, rows/s, peak RSS bytes."""
+    """Per stage and in all: rows, seconds, rows/s, CPU seconds, peak RSS bytes."""
     files = report["files"]
     lines = sum(f["lines"] for f in files)
     train_lines = sum(f["lines"] for f in files if f["mapping"] == "train")
@@ -180,12 +201,14 @@ def _figures(report: dict[str, Any], elapsed: float, memory: PeakMemory) -> dict
             "seconds": seconds,
             "rows_per_second": rows[name] / seconds,
             "peak_rss_bytes": memory.peaks.get(name, 0),
+            "cpu_seconds": memory.cpu.get(name, 0.0),
         }
     return {
         "rows": lines,
         "seconds": elapsed,
         "rows_per_second": lines / elapsed,
         "peak_rss_bytes": memory.overall,
+        "cpu_seconds": sum(memory.cpu.values()),
         "stages": stages,
     }
 
