@@ -46,11 +46,6 @@ HEADER = "header"
 FILE_COLUMN = "_file"
 BLOCK_COLUMN = "_block"
 ROW_COLUMN = "_row"
-# The columns `parse_lines` writes; part of the parse stage's fingerprint, so a
-# resumed run never reads parsed rows of another version. 2: `_text` replaced
-# `_reason` and `_detail`.
-PARSED_FORMAT = 2
-TEXT_COLUMN = "_text"  # the line, kept only when it is not well-formed
 REASON_COLUMN = "_reason"
 DETAIL_COLUMN = "_detail"
 LINE_COLUMN = "_line"
@@ -92,101 +87,32 @@ def read_lines(spark: SparkSession, files: Sequence[InputFile]) -> DataFrame:
 
 
 def parse_lines(lines: DataFrame, layout: InputLayout) -> DataFrame:
-    """Typed columns per line, and the text of each line that is not well-formed.
+    """Typed columns and a malformed reason per line.
 
-    Returns [_file, _block, _row, _text, _label, _num<i>..., _cat<i>...]: `_text`
-    is null for a well-formed line, the line itself otherwise (`malformed_lines`
-    says why). Missing values are null; numerical values are long (integer kind)
-    or double, categorical values long (id) or string (hex, token: the text as
-    written), an array of them for a variable-length feature. The values of a line
-    that is not well-formed mean nothing.
+    Returns [_file, _block, _row, _reason, _detail, _label, _num<i>..., _cat<i>...]:
+    `_reason` is null for a well-formed line, `header`, or one of
+    `MALFORMED_REASONS` with `_detail` saying which field and what was expected.
+    Missing values are null; numerical values are long (integer kind) or double,
+    categorical values long (id) or string (hex, token: the text as written), an
+    array of them for a variable-length feature.
 
-    One regular expression checks a whole line (and a range check each id); the
-    field-by-field checks that find the reason are a query of their own over the
-    few rejected lines, which keeps the code Spark generates for every line small.
+    One regular expression checks a whole line; the field-by-field checks that
+    find the reason run only for the lines it rejects.
     """
     from pyspark.sql import functions as F
 
-    framed = _framed(lines, layout)
-    checks, values = _fields(layout)
-    # An id out of range passes the line pattern; everything else is in it.
-    in_range = [check for check, _ in checks["categorical"]] if _has_ids(layout) else []
-    fast = functools.reduce(lambda a, b: a & b, in_range, F.col("_well_formed"))
-    return framed.select(
-        FILE_COLUMN,
-        BLOCK_COLUMN,
-        ROW_COLUMN,
-        F.when(~fast, F.col("value")).alias(TEXT_COLUMN),
-        *values,
-    )
-
-
-def malformed_lines(parsed: DataFrame, layout: InputLayout) -> DataFrame:
-    """The lines of `parse_lines` output that are not well-formed, and why.
-
-    Returns [_file, _block, _row, _reason, _detail]: `_reason` is `header` or one
-    of `MALFORMED_REASONS`, `_detail` (null for a header) says which field and what
-    was expected. The line pattern is the conjunction of the field checks, so each
-    of these lines fails one of them.
-    """
-    from pyspark.sql import functions as F
-
-    rejected = parsed.where(F.col(TEXT_COLUMN).isNotNull()).select(
-        FILE_COLUMN, BLOCK_COLUMN, ROW_COLUMN, F.col(TEXT_COLUMN).alias("value")
-    )
-    framed = _framed(rejected, layout)
-    checks, _ = _fields(layout)
     width = len(layout.fields)
-    count = F.col("_count")
-    header = (count == width) & (F.col("_fields") == F.array(*[F.lit(f) for f in layout.fields]))
-    reason = F.when(header, F.lit(HEADER)).when(count > width, F.lit("field_count"))
-    detail = F.when(header, F.lit(None)).when(
-        count > width,
-        F.concat(
-            F.lit(f"expected at most {width} fields separated by {layout.delimiter!r}, got "),
-            count.cast("string"),
-        ),
-    )
-    for name in MALFORMED_REASONS[1:]:
-        if not checks[name]:
-            continue
-        every = functools.reduce(lambda a, b: a & b, [check for check, _ in checks[name]])
-        first_bad = F.coalesce(*[F.when(~check, message) for check, message in checks[name]])
-        reason = reason.when(~every, F.lit(name))
-        detail = detail.when(~every, first_bad)
-    return framed.select(
-        FILE_COLUMN,
-        BLOCK_COLUMN,
-        ROW_COLUMN,
-        reason.cast("string").alias(REASON_COLUMN),
-        detail.cast("string").alias(DETAIL_COLUMN),
-    )
-
-
-def _framed(lines: DataFrame, layout: InputLayout) -> DataFrame:
-    """`lines` [_file, _block, _row, value] with `_fields` (the split line),
-    `_count` (its fields) and `_well_formed` (the line pattern matches)."""
-    from pyspark.sql import functions as F
-
     # Spark's line reader ends lines at \n, \r\n or \r: no \r is left in `value`.
     split = F.split("value", split_pattern(layout.delimiter), -1)
     framed = lines.select(
         FILE_COLUMN,
         BLOCK_COLUMN,
         ROW_COLUMN,
-        "value",
         split.alias("_fields"),
         F.col("value").rlike(line_pattern(layout)).alias("_well_formed"),
     )
-    return framed.select("*", F.size("_fields").alias("_count"))
-
-
-def _fields(
-    layout: InputLayout,
-) -> tuple[dict[str, list[tuple[Column, Column]]], list[Column]]:
-    """Over `_framed` columns: per malformed reason, each field's (check, message
-    naming the field), and the typed values [_label, _num<i>..., _cat<i>...]."""
-    from pyspark.sql import functions as F
+    framed = framed.select("*", F.size("_fields").alias("_count"))
+    count = F.col("_count")
 
     def field(source: str) -> Column:
         # Missing trailing fields read as empty (`get` is null past the end).
@@ -231,7 +157,35 @@ def _fields(
             continue
         checks["categorical"].append((check, _detail(layout, column.source, _expected(column))))
         values.append(F.when(value != "", parsed).alias(categorical_column(index)))
-    return checks, values
+
+    # An id out of range passes the line pattern; everything else is in it.
+    in_range = [check for check, _ in checks["categorical"]] if _has_ids(layout) else []
+    fast = functools.reduce(lambda a, b: a & b, in_range, F.col("_well_formed"))
+    header = (count == width) & (F.col("_fields") == F.array(*[F.lit(f) for f in layout.fields]))
+    reason = F.when(fast, F.lit(None)).when(header, F.lit(HEADER))
+    reason = reason.when(count > width, F.lit("field_count"))
+    detail = F.when(fast | header, F.lit(None)).when(
+        count > width,
+        F.concat(
+            F.lit(f"expected at most {width} fields separated by {layout.delimiter!r}, got "),
+            count.cast("string"),
+        ),
+    )
+    for name in MALFORMED_REASONS[1:]:
+        if not checks[name]:
+            continue
+        every = functools.reduce(lambda a, b: a & b, [check for check, _ in checks[name]])
+        first_bad = F.coalesce(*[F.when(~check, message) for check, message in checks[name]])
+        reason = reason.when(~every, F.lit(name))
+        detail = detail.when(~every, first_bad)
+    return framed.select(
+        FILE_COLUMN,
+        BLOCK_COLUMN,
+        ROW_COLUMN,
+        reason.cast("string").alias(REASON_COLUMN),
+        detail.cast("string").alias(DETAIL_COLUMN),
+        *values,
+    )
 
 
 def _parse_list(
@@ -292,8 +246,7 @@ def line_pattern(layout: InputLayout) -> str:
     well-formed, trailing fields optional; ids are not range-checked by it."""
     delimiter = "\\Q" + layout.delimiter + "\\E"
     single = f"[^\\x{{{ord(layout.delimiter[0]):x}}}]*"  # \x{h}: safe in a class
-    # (?s:.): any character, line separators such as \u2028 included, as the checks.
-    token = single if len(layout.delimiter) == 1 else f"(?:(?!{delimiter})(?s:.))*"
+    token = single if len(layout.delimiter) == 1 else f"(?:(?!{delimiter}).)*"
     kinds: dict[str, str] = {layout.label_source: "[01]"}
     for number in layout.numerical:
         kinds[number.source] = f"(?:{_PATTERNS[layout.numerical_kind]})?"
@@ -403,46 +356,48 @@ def with_line_numbers(spark: SparkSession, rows: DataFrame, index: LineIndex) ->
     return joined.withColumn(LINE_COLUMN, line).drop("_first_row", "_first_line")
 
 
-def summarize(parsed: DataFrame, malformed: DataFrame) -> tuple[LineIndex, list[dict[str, Any]]]:
-    """Line index and per-block counts of a parsed input (`parse_lines`) and its
-    `malformed_lines`.
+def summarize(parsed: DataFrame) -> tuple[LineIndex, list[dict[str, Any]]]:
+    """Line index and per-block counts of a parsed input, in one aggregation.
 
     Returns the index and, per block, {file, lines, positives, header, <reason>...}.
     """
     from pyspark.sql import functions as F
 
-    well_formed = F.col(TEXT_COLUMN).isNull()
+    reason = F.col(REASON_COLUMN)
+    counts = [
+        F.sum((reason == name).cast("long")).alias(name) for name in (*MALFORMED_REASONS, HEADER)
+    ]
     rows = (
         parsed.groupBy(FILE_COLUMN, BLOCK_COLUMN)
         .agg(
             F.min(ROW_COLUMN).alias("first_row"),
             F.count(F.lit(1)).alias("lines"),
-            F.sum((well_formed & F.col(LABEL_COLUMN)).cast("long")).alias("positives"),
+            F.sum((reason.isNull() & F.col(LABEL_COLUMN)).cast("long")).alias("positives"),
+            *counts,
         )
         .collect()
     )
-    reasons = malformed.groupBy(FILE_COLUMN, BLOCK_COLUMN, REASON_COLUMN).count().collect()
     index = LineIndex.from_blocks(
         [Block(r[FILE_COLUMN], r[BLOCK_COLUMN], r["first_row"], r["lines"]) for r in rows]
     )
-    per_block = {}
+    per_block = []
     for r in rows:
         entry = {"file": int(r[FILE_COLUMN]), "lines": int(r["lines"])}
         entry["positives"] = int(r["positives"] or 0)
-        entry.update(dict.fromkeys((*MALFORMED_REASONS, HEADER), 0))
-        per_block[(r[FILE_COLUMN], r[BLOCK_COLUMN])] = entry
-    for r in reasons:
-        per_block[(r[FILE_COLUMN], r[BLOCK_COLUMN])][r[REASON_COLUMN]] += int(r["count"])
-    return index, list(per_block.values())
+        for name in (*MALFORMED_REASONS, HEADER):
+            entry[name] = int(r[name] or 0)
+        per_block.append(entry)
+    return index, per_block
 
 
-def first_malformed(malformed: DataFrame, index: LineIndex, limit: int) -> list[dict[str, Any]]:
-    """Up to `limit` lines of `malformed_lines` in input order, headers left out:
-    {file, line (1-based), reason, detail}."""
+def first_malformed(parsed: DataFrame, index: LineIndex, limit: int) -> list[dict[str, Any]]:
+    """Up to `limit` malformed lines in input order: {file, line (1-based), reason, detail}."""
     from pyspark.sql import functions as F
 
+    reason = F.col(REASON_COLUMN)
     rows = (
-        malformed.where(F.col(REASON_COLUMN) != HEADER)
+        parsed.where(reason.isNotNull() & (reason != HEADER))
+        .select(FILE_COLUMN, BLOCK_COLUMN, ROW_COLUMN, REASON_COLUMN, DETAIL_COLUMN)
         .orderBy(FILE_COLUMN, BLOCK_COLUMN, ROW_COLUMN)
         .limit(limit)
         .collect()

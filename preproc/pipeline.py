@@ -35,11 +35,9 @@ from preproc.parse import (
     FILE_COLUMN,
     HEADER,
     MALFORMED_REASONS,
-    PARSED_FORMAT,
-    TEXT_COLUMN,
+    REASON_COLUMN,
     LineIndex,
     first_malformed,
-    malformed_lines,
     parse_lines,
     read_lines,
     summarize,
@@ -105,14 +103,7 @@ class _Run:
     def _plan(self) -> dict[str, Stage]:
         config = self.config
         inputs = [file_identity(f.path) for f in config.files]
-        parse = fingerprint(
-            {
-                "stage": "parse",
-                "format": PARSED_FORMAT,
-                "layout": _layout_json(config),
-                "files": inputs,
-            }
-        )
+        parse = fingerprint({"stage": "parse", "layout": _layout_json(config), "files": inputs})
         vocabulary = fingerprint(
             {
                 "stage": "vocabulary",
@@ -214,9 +205,8 @@ class _Run:
         lines = read_lines(self.spark, config.files)
         parse_lines(lines, config.layout).write.parquet(str(staging / "rows"))
         parsed = self.spark.read.parquet(str(staging / "rows"))
-        malformed = malformed_lines(parsed, config.layout)
-        index, blocks = summarize(parsed, malformed)
-        examples = first_malformed(malformed, index, MALFORMED_EXAMPLES)
+        index, blocks = summarize(parsed)
+        examples = first_malformed(parsed, index, MALFORMED_EXAMPLES)
         files = []
         for number, file in enumerate(config.files):
             mine = [b for b in blocks if b["file"] == number]
@@ -252,7 +242,7 @@ class _Run:
 
         parsed = self.spark.read.parquet(str(self.stages["parse"].directory / "rows"))
         files = list(self.config.files_of(mapping))
-        return parsed.where(F.col(TEXT_COLUMN).isNull() & F.col(FILE_COLUMN).isin(files))
+        return parsed.where(F.col(REASON_COLUMN).isNull() & F.col(FILE_COLUMN).isin(files))
 
     def _vocabulary(self, staging: Path) -> dict[str, Any]:
         layout = self.config.layout
