@@ -18,7 +18,6 @@ included; it is printed apart.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import subprocess
@@ -33,6 +32,7 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
+from benchmarks.process_tree import tree_cpu_seconds, tree_rss
 from preproc.config import InputFile, NumericalTransform, PipelineConfig
 from preproc.layout import criteo_layout
 from preproc.pipeline import run_pipeline
@@ -66,7 +66,7 @@ class PeakMemory:
         self._thread.join()
 
     def enter(self, phase: str | None) -> None:
-        now = _tree_cpu_seconds()
+        now = tree_cpu_seconds(psutil.Process(os.getpid()))
         if self.phase is not None:
             self.cpu[self.phase] = self.cpu.get(self.phase, 0.0) + now - self._cpu_mark
         self.phase, self._cpu_mark = phase, now
@@ -74,28 +74,11 @@ class PeakMemory:
     def _sample(self) -> None:
         root = psutil.Process(os.getpid())
         while not self._stop.wait(SAMPLE_SECONDS):
-            total = 0
-            with contextlib.suppress(psutil.Error):  # the tree changes while it is read
-                for member in [root, *root.children(recursive=True)]:
-                    with contextlib.suppress(psutil.Error):
-                        total += member.memory_info().rss
+            total = tree_rss(root)
             phase = self.phase
             if phase is not None:
                 self.peaks[phase] = max(self.peaks.get(phase, 0), total)
                 self.overall = max(self.overall, total)
-
-
-def _tree_cpu_seconds() -> float:
-    """User and system CPU seconds of this process, its descendants and their
-    waited-for children (Spark's Python workers are children of its daemon)."""
-    root = psutil.Process(os.getpid())
-    total = 0.0
-    with contextlib.suppress(psutil.Error):
-        for member in [root, *root.children(recursive=True)]:
-            with contextlib.suppress(psutil.Error):
-                times = member.cpu_times()
-                total += times.user + times.system + times.children_user + times.children_system
-    return total
 
 
 def main() -> None:

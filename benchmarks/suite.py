@@ -34,7 +34,6 @@ log: a few minutes instead of about half an hour on 2 cores.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import platform
@@ -51,6 +50,8 @@ import psutil
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run as a script from anywhere
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+from benchmarks.process_tree import tree_rss  # noqa: E402 (after the path)
 
 TABLES = 26
 ROWS_PER_TABLE = 100_000
@@ -74,12 +75,7 @@ def run_measured(command: list[str], timeout: float = 3600) -> tuple[str, int]:
             if time.monotonic() > deadline:
                 process.kill()
                 break
-            total = 0
-            with contextlib.suppress(psutil.Error):  # the tree changes while it is read
-                for member in [root, *root.children(recursive=True)]:
-                    with contextlib.suppress(psutil.Error):
-                        total += member.memory_info().rss
-            peak = max(peak, total)
+            peak = max(peak, tree_rss(root))
             time.sleep(0.1)
         out.seek(0)
         err.seek(0)
