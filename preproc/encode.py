@@ -185,6 +185,7 @@ def write_ordered(
 ) -> PartStats:
     """Writes the rows of `ordered` (with `_order`, `_bucket`) as split binary files."""
     from pyspark.sql import functions as F
+    from pyspark.sql.pandas.types import from_arrow_schema
 
     columns = [
         BUCKET_COLUMN,
@@ -200,7 +201,7 @@ def write_ordered(
     Path(part.parts_dir).mkdir(parents=True, exist_ok=True)
     write = functools.partial(write_arrow_partition, part)
     total = PartStats.empty(part)
-    for row in tasks.mapInArrow(write, STATS_SCHEMA).collect():
+    for row in tasks.mapInArrow(write, from_arrow_schema(STATS_SCHEMA)).collect():
         total.add(PartStats(**row.asDict()))
     concatenate_parts(part, output_dir)
     return total

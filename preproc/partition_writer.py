@@ -116,12 +116,6 @@ class PartStats:
         self.ids = [a + b for a, b in zip(self.ids, other.ids, strict=True)]
 
 
-# The Spark schema of the one row `write_arrow_partition` returns per task.
-STATS_SCHEMA = (
-    "rows long, positives long, zero_ids array<long>, saturated array<long>, ids array<long>"
-)
-
-
 @dataclasses.dataclass(frozen=True)
 class _Segment:
     """Consecutive rows of one bucket, as arrays.
@@ -163,12 +157,14 @@ def write_arrow_partition(
     `STATS_SCHEMA`."""
     for stats in write_partition(part, batches):
         yield pa.RecordBatch.from_pydict(
-            {field.name: [getattr(stats, field.name)] for field in _STATS_ARROW},
-            schema=_STATS_ARROW,
+            {field.name: [getattr(stats, field.name)] for field in STATS_SCHEMA},
+            schema=STATS_SCHEMA,
         )
 
 
-_STATS_ARROW = pa.schema(
+# The one row `write_arrow_partition` returns per task (`PartStats`' fields); the
+# driver gives Spark the same schema (`pyspark.sql.pandas.types.from_arrow_schema`).
+STATS_SCHEMA = pa.schema(
     [
         ("rows", pa.int64()),
         ("positives", pa.int64()),
