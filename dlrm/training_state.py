@@ -3,6 +3,7 @@ embedding shards, their optimizer slots, the step and the loss scale."""
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 from collections.abc import Callable, Mapping, Sequence
@@ -11,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from dlrm.checkpoint import Checkpoint, CheckpointError, CheckpointWriter, RowReader
+from dlrm.checkpoint import Checkpoint, CheckpointError, CheckpointWriter
 from dlrm.dist import Collectives, failures_on_any_rank
 from dlrm.embedding.base import assign_rows, read_rows
 from dlrm.embedding.shard import ShardingKind, TableShard
@@ -71,9 +72,9 @@ def save_training_state(
             writer.add_table_shard(
                 shard,
                 trainer.model.embeddings.table_shape(shard.table),
-                _row_reader(variable),
+                functools.partial(read_rows, variable),
                 {
-                    slot: _row_reader(value)
+                    slot: functools.partial(read_rows, value)
                     for slot, value in trainer.optimizer.slots(variable).items()
                 },
             )
@@ -103,13 +104,6 @@ def save_training_state(
     )
     assert writer is not None
     return writer.final
-
-
-def _row_reader(variable: Any) -> RowReader:
-    def read(start: int, stop: int) -> np.ndarray:
-        return read_rows(variable, start, stop)
-
-    return read
 
 
 def _dense_arrays(trainer: Trainer, step: int) -> dict[str, np.ndarray]:
