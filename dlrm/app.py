@@ -240,6 +240,7 @@ def build_session(
             data_parallel_input=config.input_mode == "data_parallel",
             # Under --amp the vectors and their gradients cross in 16 bits.
             wire_dtype=precision.compute_dtype,
+            output_dtype=precision.compute_dtype,
             hotness=model_config.hotness,
             pooling=model_config.poolings,
         )

@@ -180,8 +180,10 @@ class Dlrm(keras.Model):
         embeddings: an `Embeddings` layer; `LocalEmbeddings` (every table here)
             by default, `ShardedEmbeddings` under horovodrun.
         dtype_policy: "float32", "mixed_bfloat16" or "mixed_float16" for the
-            MLPs and interaction; embeddings stay float32 whatever the policy.
-            (Under --amp the vectors cross the alltoall in 16 bits.)
+            MLPs and interaction; the tables stay float32 whatever the policy.
+            The default embeddings give their vectors in the compute dtype (one
+            given by the caller should too: `output_dtype`, else the model casts
+            them, holding both); under --amp they cross the alltoall in 16 bits.
         seed: seeds the default embeddings' initial values.
     """
 
@@ -203,6 +205,7 @@ class Dlrm(keras.Model):
             seed=seed,
             hotness=config.hotness,
             pooling=config.poolings,
+            output_dtype=keras.DTypePolicy(dtype_policy).compute_dtype,
         )
         if tuple(self.embeddings.dims) != config.embedding_dims:
             raise ValueError(

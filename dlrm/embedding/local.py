@@ -20,7 +20,7 @@ class LocalEmbeddings(Embeddings):
 
     Call with ids [B, T] int32 (all one-hot) or a sequence of T tensors
     [B, hotness_t] or `tf.RaggedTensor` [B, None] (variable length); returns
-    [B, sum of D_t] float32, the tables' vectors side by side. `dims` is one
+    [B, sum of D_t] in `output_dtype`, the tables' vectors side by side. `dims` is one
     width for every table or one per table. Gradients with respect to the
     tables are `tf.IndexedSlices` (rows looked up), which the optimizers apply
     sparsely.
@@ -33,12 +33,19 @@ class LocalEmbeddings(Embeddings):
         seed: int = 0,
         hotness: Sequence[int] | None = None,
         pooling: Sequence[str] | None = None,
+        output_dtype: Any = tf.float32,
         **kwargs: Any,
     ) -> None:
         tables = len(cardinalities)
         widths = [dims] * tables if isinstance(dims, int) else list(dims)
         super().__init__(
-            cardinalities, widths, hotness or [1] * tables, seed=seed, pooling=pooling, **kwargs
+            cardinalities,
+            widths,
+            hotness or [1] * tables,
+            seed=seed,
+            pooling=pooling,
+            output_dtype=output_dtype,
+            **kwargs,
         )
         self.shards = [
             TableShard(t, ShardingKind.TABLE_WISE, 0, (0, rows), (0, self.dims[t]))
@@ -62,7 +69,7 @@ class LocalEmbeddings(Embeddings):
             ]
         else:
             vectors = [gather_rows(table, routed[:, t]) for t, table in enumerate(self.tables)]
-        return tf.concat(vectors, axis=1)
+        return tf.concat([tf.cast(v, self.output_dtype) for v in vectors], axis=1)
 
     def output_distribution(self, looked_up: Any, local_rows: Any) -> tf.Tensor:
         return looked_up

@@ -142,12 +142,14 @@ class ShardedEmbeddings(Embeddings):
             default the plan's (which, for a variable-length table, is only
             the planner's estimate of its cost).
         pooling: per table, "sum" or "mean".
+        output_dtype: the vectors' dtype (see `Embeddings`); main.py gives the
+            compute dtype, as it does `wire_dtype`.
 
     Call with the ids the loader gives this rank (`input_tables`, in order):
     [B, n] int32 or int64 when every table read is one-hot, else a tuple of
     [B, hotness] or `tf.RaggedTensor` [B, None] (variable length); and
     `local_rows` L (needed when the rank reads no table).
-    Returns [L, sum of D_t] float32 for the rank's local rows.
+    Returns [L, sum of D_t] in `output_dtype` for the rank's local rows.
     """
 
     def __init__(
@@ -159,6 +161,7 @@ class ShardedEmbeddings(Embeddings):
         wire_dtype: Any = tf.float32,
         hotness: Sequence[int] | None = None,
         pooling: Sequence[str] | None = None,
+        output_dtype: Any = tf.float32,
         **kwargs: Any,
     ) -> None:
         specs = [table.spec for table in plan.tables]
@@ -168,6 +171,7 @@ class ShardedEmbeddings(Embeddings):
             hotness if hotness is not None else [s.hotness for s in specs],
             seed,
             pooling=pooling,
+            output_dtype=output_dtype,
             **kwargs,
         )
         if plan.world_size != collectives.world_size:
@@ -315,9 +319,9 @@ class ShardedEmbeddings(Embeddings):
     # ---------------------------------------------------------- 2. local lookup
 
     def local_lookup(self, routed: RoutedIds, local_rows: Any) -> tuple[tf.Tensor, tf.Tensor]:
-        """([G, C] outputs of this rank's shards side by side, in `sent` order;
-        [L, sum of D_t] vectors of the replicated tables side by side, in
-        `replicated_tables` order)."""
+        """([G, C] float32 outputs of this rank's shards side by side, in `sent`
+        order; [L, sum of D_t] vectors (`output_dtype`) of the replicated tables
+        side by side, in `replicated_tables` order)."""
         outputs = [
             PIECES[s.kind].lookup(s, variable, routed.global_ids[s.table], self.pooling[s.table])
             for s, variable in self.shard_variables[: len(self.mine)]
@@ -326,13 +330,16 @@ class ShardedEmbeddings(Embeddings):
         if self.replicated_tables:
             replicated = tf.concat(
                 [
-                    pooled_lookup(self.replicated[t], routed.local_ids[t], self.pooling[t])
+                    tf.cast(
+                        pooled_lookup(self.replicated[t], routed.local_ids[t], self.pooling[t]),
+                        self.output_dtype,
+                    )
                     for t in self.replicated_tables
                 ],
                 axis=1,
             )
         else:
-            replicated = tf.zeros([local_rows, 0])
+            replicated = tf.zeros([local_rows, 0], self.output_dtype)
         return block, replicated
 
     def _empty_block(self, routed: RoutedIds, local_rows: Any) -> tf.Tensor:
@@ -352,21 +359,18 @@ class ShardedEmbeddings(Embeddings):
     # --------------------------------------------------- 3. output distribution
 
     def _to_wire(self, values: tf.Tensor) -> tf.Tensor:
-        """float32 values as they cross the alltoall: 16 bits each under --amp.
+        """Values as they cross the alltoall: 16 bits each under --amp.
 
-        The model casts the vectors to its 16-bit compute dtype first thing, so
+        The vectors are given to the model in its 16-bit compute dtype, so
         rounding them before the alltoall gives the vectors one process uses
         (row-wise pieces of a multi-hot sum are rounded before they are added);
         the vectors' gradients are 16-bit values already. Horovod's alltoall has
         no bfloat16, so bfloat16 crosses as its bits (uint16)."""
-        if self.wire_dtype == tf.float32:
-            return values
         values = tf.cast(values, self.wire_dtype)
         return tf.bitcast(values, tf.uint16) if self.wire_dtype == tf.bfloat16 else values
 
     def _from_wire(self, received: tf.Tensor) -> tf.Tensor:
-        if self.wire_dtype == tf.float32:
-            return received
+        """float32 values of what arrived (row-wise parts are added in float32)."""
         if self.wire_dtype == tf.bfloat16:
             received = tf.bitcast(received, tf.bfloat16)
         return tf.cast(received, tf.float32)
@@ -394,7 +398,8 @@ class ShardedEmbeddings(Embeddings):
                 for shard, piece in zip(shards, columns, strict=True):
                     parts.setdefault(shard.table, []).append((shard, piece))
             for table, table_parts in parts.items():
-                vectors[table] = PIECES[table_parts[0][0].kind].combine(table_parts)
+                combined = PIECES[table_parts[0][0].kind].combine(table_parts)
+                vectors[table] = tf.cast(combined, self.output_dtype)
         if self.replicated_tables:
             widths = [self.dims[t] for t in self.replicated_tables]
             for table, part in zip(
@@ -419,7 +424,7 @@ class ShardedEmbeddings(Embeddings):
                     table_gradient = self.table_columns(gradient, shard.table)
                     sent.append(PIECES[shard.kind].gradient(shard, table_gradient))
             # [L, sum of widths]: for each destination rank, its shards' columns.
-            outgoing = tf.concat(sent, axis=1) if sent else tf.zeros([local_rows, 0])
+            outgoing = tf.concat(sent, axis=1)  # not empty: some rank holds a shard
             chunks = tf.split(outgoing, self.widths, axis=1, num=self.world_size)
             flat = tf.concat([tf.reshape(chunk, [-1]) for chunk in chunks], axis=0)
             received = self._from_wire(
@@ -433,7 +438,7 @@ class ShardedEmbeddings(Embeddings):
             block = tf.reshape(received, [local_rows * self.world_size, self.widths[self.rank]])
         replicated = tf.concat(
             [self.table_columns(gradient, t) for t in self.replicated_tables]
-            or [tf.zeros([local_rows, 0])],
+            or [tf.zeros([local_rows, 0], self.output_dtype)],
             axis=1,
         )
         return block, replicated

@@ -49,6 +49,40 @@ def test_output_shape_multi_hot_pools_by_sum() -> None:
     np.testing.assert_array_equal(out[1, 4:], table_1[6])
 
 
+def test_amp_embeddings_give_16_bit_vectors_and_float32_table_gradients() -> None:
+    """Under --amp the default embeddings cast each table's vectors to the
+    compute dtype before putting them side by side (the model would round them
+    anyway, and a float32 copy of the step's largest activation is not kept);
+    the tables and their gradients stay float32."""
+    import tensorflow as tf
+
+    rng = np.random.default_rng(0)
+    ids = np.stack([rng.integers(0, c, 6) for c in CARDINALITIES], axis=1).astype(np.int32)
+    model = Dlrm(config(), dtype_policy="mixed_bfloat16")
+    reference = LocalEmbeddings(CARDINALITIES, 7)  # the same initial tables, float32
+    upstream = rng.normal(size=(6, 3 * 7)).astype(np.float32)
+    results = []
+    for layer, dtype in ((model.embeddings, tf.bfloat16), (reference, tf.float32)):
+        with tf.GradientTape() as tape:
+            vectors = layer(ids)
+        assert vectors.dtype == dtype
+        given = tf.cast(tf.cast(upstream, tf.bfloat16), dtype)  # bfloat16 values either way
+        gradients = tape.gradient(vectors, layer.tables, output_gradients=given)
+        assert all(g.values.dtype == tf.float32 for g in gradients)
+        results.append((vectors, [tf.convert_to_tensor(g).numpy() for g in gradients]))
+    (amp_vectors, amp_gradients), (vectors, gradients) = results
+    rounded = tf.cast(tf.cast(vectors, tf.bfloat16), tf.float32).numpy()
+    np.testing.assert_array_equal(tf.cast(amp_vectors, tf.float32).numpy(), rounded)
+    for amp_gradient, gradient in zip(amp_gradients, gradients, strict=True):
+        np.testing.assert_array_equal(amp_gradient, gradient)
+    assert all(t.dtype == tf.float32 for t in model.embeddings.tables)
+
+
+def test_embeddings_reject_an_output_dtype_they_cannot_give() -> None:
+    with pytest.raises(ValueError, match="output_dtype: expected float32, bfloat16 or float16"):
+        LocalEmbeddings((23, 7), 4, output_dtype="int32")
+
+
 def test_embedding_initialisation_range() -> None:
     embeddings = LocalEmbeddings((10000, 4), 8)
     embeddings(np.zeros((1, 2), np.int32))

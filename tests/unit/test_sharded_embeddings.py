@@ -142,6 +142,7 @@ def lookup_on_rank(
     data_parallel_input: bool,
     in_function: bool,
     wire_dtype: tf.DType = tf.float32,
+    output_dtype: tf.DType = tf.float32,
     upstream_of: Callable[[np.ndarray], np.ndarray] = lambda upstream: upstream,
     dims: tuple[int, ...] = UNIFORM_DIMS,
     id_dtype: Any = np.int32,
@@ -160,6 +161,7 @@ def lookup_on_rank(
         wire_dtype=wire_dtype,
         hotness=hotness,
         pooling=pooling,
+        output_dtype=output_dtype,
     )
     local_rows = GLOBAL_BATCH // world
     variables = [v for _, v in layer.local_shards()]
@@ -194,6 +196,7 @@ def lookup_on_rank(
 
     run = tf.function(step) if in_function else step
     upstream = tf.constant(local_rows_of(upstream_of(ref["upstream"]), rank, world))
+    upstream = tf.cast(upstream, output_dtype)  # the trainer's: the vectors' dtype
     finite, vectors, gradients = run(loader_ids(layer, ref["ids"], rank, id_dtype), upstream)
     assert bool(finite)
     return {
@@ -356,11 +359,16 @@ class WireRecorder(SimulatedCollectives):
         return super().alltoall(tensor, splits, name)
 
 
+@pytest.mark.parametrize("output_dtype", [tf.float32, tf.bfloat16])
 @pytest.mark.parametrize("kind", ["mixed", "row_wise_rank"])
-def test_vectors_and_gradients_cross_in_16_bits_under_amp(kind: str) -> None:
+def test_vectors_and_gradients_cross_in_16_bits_under_amp(
+    kind: str, output_dtype: tf.DType
+) -> None:
     """Under --amp the model rounds the vectors to bfloat16 first thing, and their
     gradients are bfloat16 values: sent as 16 bits, they arrive as the very
-    values one process uses."""
+    values one process uses. main.py has the layer give them as bfloat16
+    (`output_dtype`), replicated tables' vectors included; float32 output
+    rounds only what crossed."""
     hub = Hub(2)
     recorders = [WireRecorder(rank, 2, hub) for rank in range(2)]
     results = run_ranks(
@@ -373,6 +381,7 @@ def test_vectors_and_gradients_cross_in_16_bits_under_amp(kind: str) -> None:
                 data_parallel_input=False,
                 in_function=True,
                 wire_dtype=tf.bfloat16,
+                output_dtype=output_dtype,
                 upstream_of=bfloat16_rounded,
             ),
             "sent": recorders[c.rank].sent_dtypes,
@@ -388,10 +397,19 @@ def test_vectors_and_gradients_cross_in_16_bits_under_amp(kind: str) -> None:
         replicated = [s.table for s, _ in result["shards"] if s.kind == ShardingKind.DATA_PARALLEL]
         want_vectors = bfloat16_rounded(local_rows_of(ref["vectors"], rank, 2))
         columns = table_columns(UNIFORM_DIMS, replicated)
-        want_vectors[:, columns] = local_rows_of(ref["vectors"], rank, 2)[:, columns]
-        np.testing.assert_array_equal(result["vectors"], want_vectors)
+        if output_dtype == tf.float32:
+            want_vectors[:, columns] = local_rows_of(ref["vectors"], rank, 2)[:, columns]
+        assert result["vectors"].dtype == output_dtype.as_numpy_dtype
+        np.testing.assert_array_equal(result["vectors"].astype(np.float32), want_vectors)
         for shard, gradient in result["shards"]:
+            assert gradient.dtype == np.float32, shard.name  # the tables stay float32
             if shard.kind == ShardingKind.DATA_PARALLEL:
+                # Its gradient is this rank's rows' part (summed over ranks later).
+                rows = local_rows_of(rounded_upstream, rank, 2)
+                ids = local_rows_of(ref["ids"][shard.table][:, 0], rank, 2)
+                want = np.zeros_like(ref["tables"][shard.table])
+                np.add.at(want, ids, rows[:, table_columns(UNIFORM_DIMS, [shard.table])])
+                np.testing.assert_allclose(gradient, want, rtol=1e-6, atol=1e-7)
                 continue
             whole = (slice(*shard.rows), slice(*shard.columns))
             want = one_hot_gradient(ref, shard.table, rounded_upstream)[whole]

@@ -150,6 +150,7 @@ def train(spec, collectives, kind, input_mode, optimizer, variant, steps, batch,
             seed=1,
             data_parallel_input=data_parallel_input,
             wire_dtype=precision.compute_dtype,  # as main.py: 16 bits under --amp
+            output_dtype=precision.compute_dtype,
             hotness=spec.hotness,
             pooling=config.poolings,
         )
