@@ -17,7 +17,9 @@ synthetic Criteo-shaped dataset with the default model (13 numerical features,
 - the achieved GFLOP/s of each (dense part, `train.dense_training_flops`) next
   to the machine's matmul GFLOP/s measured in this run;
 - 2 ranks: the share of the step spent in collectives, fp32 and `--amp`
-  (`benchmarks/train.py`'s timestamps around each collective in the step);
+  (`benchmarks/train.py`'s timestamps around each collective in the step,
+  waiting for the peer included), and the share spent executing them (the
+  transfers, from Horovod's timeline);
 - inference: `main.py --mode inference`, samples/s and p50/p99 batch latency;
 - the loader alone: samples/s of one rank reading the training split;
 - preprocessing: `benchmarks/preproc.py` (Spark local mode, a generated click
@@ -149,13 +151,20 @@ def collective_shares(dataset: Path, work: Path, batch: int, steps: int) -> dict
         ranks = result["ranks"]
         step = max(r["seconds"] for r in ranks) / steps
         inside = sum(r["collective_seconds"] for r in ranks) / len(ranks) / steps
+        executing = result["executing_seconds"] / steps
         shares[variant] = {
             "batch_size": batch,
             "step_seconds": step,
             "collective_seconds_per_step": inside,
             "share": inside / step,
+            "executing_seconds_per_step": executing,
+            "executing_share": executing / step,
         }
-        print(f"2 ranks {variant}: {inside / step:.0%} of the step in collectives", flush=True)
+        print(
+            f"2 ranks {variant}: {inside / step:.0%} of the step in collectives, "
+            f"{executing / step:.0%} executing them",
+            flush=True,
+        )
     return shares
 
 
@@ -249,7 +258,9 @@ def print_table(results: dict[str, Any]) -> None:
         print(
             f"2 ranks {variant} batch {row['batch_size']}: {row['share']:.0%} of the step in "
             f"collectives ({1000 * row['collective_seconds_per_step']:.0f} of "
-            f"{1000 * row['step_seconds']:.0f} ms)"
+            f"{1000 * row['step_seconds']:.0f} ms, waiting for the peer included), "
+            f"{row['executing_share']:.0%} executing them "
+            f"({1000 * row['executing_seconds_per_step']:.0f} ms, Horovod timeline)"
         )
     for name, row in results.get("inference", {}).items():
         print(

@@ -7,11 +7,20 @@ with the graph, adding the elapsed seconds to a variable. What it measures is
 the time a rank spends inside collectives, waiting for the slower peer
 included: the share of the step that more ranks on more network would have to
 pay for.
+
+On a machine whose cores the ranks share, that time is mostly waiting: a rank
+that reaches a collective first waits for its peer, whose compute meanwhile has
+the cores. `executing_seconds` separates the collectives' own work from that
+waiting with Horovod's timeline (`HOROVOD_TIMELINE`), which records for every
+collective its negotiation (from the first rank's submission until every rank
+has submitted) and then its execution (the transfer).
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import tensorflow as tf
@@ -27,6 +36,7 @@ class TimedCollectives(Collectives):
         self.rank = inner.rank
         self.world_size = inner.world_size
         self.local_rank = inner.local_rank
+        self.intra_op_threads = inner.intra_op_threads
         self.seconds = tf.Variable(0.0, dtype=tf.float64, trainable=False, name="collectives_s")
 
     def reset(self) -> None:
@@ -86,3 +96,52 @@ def _identity(item: Any) -> Any:
     if isinstance(item, tf.IndexedSlices):
         return tf.IndexedSlices(tf.identity(item.values), item.indices, item.dense_shape)
     return tf.identity(item)
+
+
+def executing_seconds(timeline: Path, steps: int, first: str, last: str) -> float:
+    """Seconds the last `steps` steps spent executing collectives (negotiation
+    excluded), from a Horovod timeline (written by rank 0, the coordinator).
+
+    A step's collectives run from collective `first`'s negotiation to the end
+    of collective `last` (tensor names); overlapping executions (the tensors of
+    one fused allreduce) count once."""
+    text = timeline.read_text().rstrip().rstrip(",")
+    events = json.loads(text if text.endswith("]") else text + "]")  # written as it runs
+    names = {
+        e["pid"]: e["args"]["name"]
+        for e in events
+        if e.get("ph") == "M" and e.get("name") == "process_name" and "name" in e["args"]
+    }
+    open_: dict[int, list[tuple[str, float]]] = {}
+    negotiations: list[float] = []  # start of each of `first`'s negotiations
+    ends: list[float] = []  # end of each of `last`'s executions
+    executions: list[tuple[float, float]] = []
+    for event in events:
+        stack = open_.setdefault(event.get("pid", -1), [])
+        if event.get("ph") == "B":
+            stack.append((event["name"], event["ts"] / 1e6))
+        elif event.get("ph") == "E" and stack:
+            activity, start = stack.pop()
+            if stack:  # a phase inside an activity
+                continue
+            tensor = names.get(event["pid"], "")
+            if activity.startswith("NEGOTIATE"):
+                if tensor == first:
+                    negotiations.append(start)
+                continue
+            executions.append((start, event["ts"] / 1e6))
+            if tensor == last:
+                ends.append(event["ts"] / 1e6)
+    if len(negotiations) < steps or len(ends) < steps:
+        raise ValueError(
+            f"{timeline}: expected at least {steps} steps of collectives {first!r} to "
+            f"{last!r}, found {len(negotiations)} and {len(ends)}"
+        )
+    window = (negotiations[-steps], ends[-1])
+    total, reach = 0.0, window[0]
+    for start, end in sorted(executions):
+        start, end = max(start, reach), min(end, window[1])
+        if end > start:
+            total += end - start
+            reach = end
+    return total

@@ -18,7 +18,9 @@ With `--np N` it then runs the fp32 model hybrid-parallel under
 `horovodrun --gloo -np N` (and as one process, for comparison) and prints
 samples/s per rank count with the share of step time each rank spent inside
 collectives (alltoalls forward and backward, gradient allreduce), measured by
-timestamps in the compiled step (`benchmarks/timed_collectives.py`).
+timestamps in the compiled step (`benchmarks/timed_collectives.py`), waiting
+for the peer included, and the share they spent executing (the transfers,
+from Horovod's timeline).
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import tensorflow as tf
 
+from benchmarks.timed_collectives import executing_seconds
 from dataloading.split_binary import ShardSpec, SplitBinaryDataset
 from dataloading.synthetic import generate_split_binary
 from dlrm.app import build_session, model_config_for
@@ -170,7 +173,9 @@ def measure_ranks(
     work: Path,
     amp: bool = False,
 ) -> dict:
-    """Runs `rank_worker` on `world_size` processes (one plain process for 1)."""
+    """Runs `rank_worker` on `world_size` processes (one plain process for 1);
+    adds the seconds the timed steps spent executing collectives, from the
+    Horovod timeline (`timed_collectives.executing_seconds`)."""
     output = work / f"ranks_{world_size}.json"
     command = [
         sys.executable,
@@ -187,18 +192,28 @@ def measure_ranks(
         str(output),
         *(["--amp"] if amp else []),
     ]
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    timeline = work / f"timeline_{world_size}.json"
     if world_size > 1:
         horovodrun = Path(sys.executable).parent / "horovodrun"
         hosts = f"localhost:{world_size}"
         command = [str(horovodrun), "--gloo", "-np", str(world_size), "-H", hosts, *command]
-    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+        env["HOROVOD_TIMELINE"] = str(timeline)
     result = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
     if result.returncode != 0:
         raise RuntimeError(
             f"{world_size}-rank run failed ({result.returncode}):\n"
             f"{result.stdout[-2000:]}{result.stderr[-3000:]}"
         )
-    return json.loads(output.read_text())
+    figures = json.loads(output.read_text())
+    # A step's first collective is the vectors' alltoall, its last the vote on
+    # applying it (dlrm/trainer.py).
+    figures["executing_seconds"] = (
+        executing_seconds(timeline, steps, "embedding_vectors", "non_finite")
+        if world_size > 1
+        else 0.0
+    )
+    return figures
 
 
 def main() -> int:
@@ -303,7 +318,7 @@ def compare_ranks(dataset: Path, args: argparse.Namespace, work: Path) -> dict:
     )
     print(
         f"{'ranks':>5} {'samples/s':>11} {'step ms':>8} {'in collectives ms':>18} {'share':>6}"
-        "  plan"
+        f" {'executing ms':>13} {'share':>6}  plan"
     )
     figures = {}
     for world_size in (1, args.np):
@@ -311,13 +326,15 @@ def compare_ranks(dataset: Path, args: argparse.Namespace, work: Path) -> dict:
         ranks = result["ranks"]
         step = max(r["seconds"] for r in ranks) / args.steps
         collective = sum(r["collective_seconds"] for r in ranks) / len(ranks) / args.steps
+        executing = result["executing_seconds"] / args.steps
         kinds: dict[str, int] = {}
         for table in (result["plan"] or {}).get("tables", []):
             kinds[table["kind"]] = kinds.get(table["kind"], 0) + 1
         plan = ", ".join(f"{n} {k}" for k, n in sorted(kinds.items())) or "-"
         print(
             f"{world_size:>5} {args.batch_size / step:>11,.0f} {1000 * step:>8.1f} "
-            f"{1000 * collective:>18.1f} {collective / step:>6.0%}  {plan}",
+            f"{1000 * collective:>18.1f} {collective / step:>6.0%} "
+            f"{1000 * executing:>13.1f} {executing / step:>6.0%}  {plan}",
             flush=True,
         )
         figures[str(world_size)] = {
@@ -325,6 +342,8 @@ def compare_ranks(dataset: Path, args: argparse.Namespace, work: Path) -> dict:
             "step_seconds": step,
             "collective_seconds_per_step": collective,
             "collective_share": collective / step,
+            "executing_seconds_per_step": executing,
+            "executing_share": executing / step,
             "per_rank": ranks,
             "plan_kinds": kinds,
         }

@@ -232,6 +232,11 @@ def build_session(
             f"{collectives.world_size} ranks on {len(set(hosts))} hosts: "
             + ", ".join(f"{rank} {host}" for rank, host in enumerate(hosts))
         )
+        if collectives.intra_op_threads is not None:
+            log.print(
+                f"{collectives.intra_op_threads} intra-op thread(s) per rank: this host's "
+                "CPUs shared by its ranks (TF_NUM_INTRAOP_THREADS overrides)"
+            )
         log.print(plan.format_table())
         embeddings = ShardedEmbeddings(
             plan,

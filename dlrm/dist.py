@@ -25,6 +25,8 @@ class Collectives:
     rank: int = 0
     world_size: int = 1
     local_rank: int = 0
+    # TensorFlow's intra-op threads this process was given (`share_cpus`), or None.
+    intra_op_threads: int | None = None
 
     def alltoall(
         self, tensor: tf.Tensor, splits: Sequence[int] | tf.Tensor, name: str
@@ -87,6 +89,7 @@ class HorovodCollectives(Collectives):
         self.world_size = hvd.size()
         self.local_rank = hvd.local_rank()
         pin_gpu(self.local_rank)
+        self.intra_op_threads = share_cpus(hvd.local_size())
 
     def alltoall(
         self, tensor: tf.Tensor, splits: Sequence[int] | tf.Tensor, name: str
@@ -202,6 +205,34 @@ def pin_gpu(local_rank: int) -> None:
     gpu = gpus[local_rank % len(gpus)]
     tf.config.set_visible_devices(gpu, "GPU")
     tf.config.experimental.set_memory_growth(gpu, True)
+
+
+def intra_op_threads_per_rank(cpus: int, local_ranks: int) -> int:
+    """TensorFlow's intra-op threads for each of `local_ranks` ranks sharing
+    `cpus` CPUs: a share each, at least one."""
+    return max(1, cpus // max(1, local_ranks))
+
+
+def share_cpus(local_ranks: int) -> int | None:
+    """Gives each rank on this host its share of the CPUs it may run on, as
+    TensorFlow's intra-op threads, when several ranks share a host; returns the
+    count set, or None (one rank per host, `TF_NUM_INTRAOP_THREADS` set by the
+    user, or TensorFlow already started, which fixes its thread pools).
+
+    By default every rank starts a pool as large as the machine: with 2 ranks
+    on 2 cores, 4 compute threads took turns on 2 cores, and a 2-rank step of
+    the default model took 918-967 ms against 887-889 ms with one thread each
+    (`docs/performance.md`). A launcher that binds each rank to its own cores
+    leaves each a smaller affinity set, which is then shared too (at least one
+    thread). Must run before TensorFlow runs an op."""
+    if local_ranks <= 1 or "TF_NUM_INTRAOP_THREADS" in os.environ:
+        return None
+    threads = intra_op_threads_per_rank(len(os.sched_getaffinity(0)), local_ranks)
+    try:
+        tf.config.threading.set_intra_op_parallelism_threads(threads)
+    except RuntimeError:  # the runtime has started: its pools stay as they are
+        return None
+    return threads
 
 
 def launched_by_horovod() -> bool:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -51,3 +52,22 @@ def test_two_gloo_ranks_read_their_shards(tmp_path: Path) -> None:
                 files.categorical[f"cat_{table}"], dtype=spec.categorical_features[table].dtype
             )
             np.testing.assert_array_equal(r["ids"][:, column], ids[: batches * GLOBAL_BATCH])
+
+
+def test_ranks_on_one_host_share_its_cpus(tmp_path: Path) -> None:
+    """Each of 2 ranks on this host runs TensorFlow with its share of the CPUs
+    (intra-op threads), unless the user set TF_NUM_INTRAOP_THREADS."""
+    script = "tests/integration/scripts/thread_share.py"
+    command = [horovodrun(), "--gloo", "-np", "2", "-H", "localhost:2", sys.executable, script]
+    shared, chosen = tmp_path / "shared", tmp_path / "chosen"
+    for out, env in ((shared, {}), (chosen, {"TF_NUM_INTRAOP_THREADS": "3"})):
+        out.mkdir()
+        result = run([*command, str(out)], timeout=300, env=env)
+        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    for rank in (0, 1):
+        facts = json.loads((shared / f"rank{rank}.json").read_text())
+        assert facts["local_ranks"] == 2
+        assert facts["set"] == facts["configured"] == max(1, facts["cpus"] // 2)
+        facts = json.loads((chosen / f"rank{rank}.json").read_text())
+        # Left to TensorFlow (0: its default), which reads the variable.
+        assert facts["set"] is None and facts["configured"] == 0

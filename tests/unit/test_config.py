@@ -142,3 +142,12 @@ def test_pooling_flag_takes_one_value_or_one_per_table(tmp_path: Path) -> None:
     c = config_from_flagfile(tmp_path / "b.flags", "--dataset_path=/data\n--pooling=sum,mean,sum\n")
     assert c.pooling == ("sum", "mean", "sum") and c.to_dict()["pooling"] == ["sum", "mean", "sum"]
     assert config().pooling == ("sum",)
+
+
+def test_intra_op_threads_per_rank_share_the_cpus() -> None:
+    from dlrm.dist import intra_op_threads_per_rank
+
+    assert intra_op_threads_per_rank(2, 2) == 1
+    assert intra_op_threads_per_rank(16, 2) == 8
+    assert intra_op_threads_per_rank(16, 3) == 5
+    assert intra_op_threads_per_rank(1, 8) == 1  # bound to one core: one thread each

@@ -1,0 +1,37 @@
+"""One rank under horovodrun: the CPU share `HorovodCollectives` gave it.
+
+    thread_share.py OUT_DIR
+
+Writes rank<N>.json: the threads `share_cpus` set (or None), the intra-op
+threads TensorFlow is configured with (0: its default), the CPUs the rank may
+use and the ranks on this host.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import tensorflow as tf
+
+from dlrm.dist import HorovodCollectives
+
+
+def main() -> None:
+    collectives = HorovodCollectives()
+    tf.constant(1.0) + 1.0  # TensorFlow starts with its pools as set
+    import horovod.tensorflow as hvd
+
+    facts = {
+        "set": collectives.intra_op_threads,
+        "configured": tf.config.threading.get_intra_op_parallelism_threads(),
+        "cpus": len(os.sched_getaffinity(0)),
+        "local_ranks": hvd.local_size(),
+    }
+    Path(sys.argv[1], f"rank{collectives.rank}.json").write_text(json.dumps(facts))
+
+
+if __name__ == "__main__":
+    main()
