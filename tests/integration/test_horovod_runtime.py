@@ -56,11 +56,13 @@ def test_two_gloo_ranks_read_their_shards(tmp_path: Path) -> None:
 
 def test_ranks_on_one_host_share_its_cpus(tmp_path: Path) -> None:
     """Each of 2 ranks on this host runs TensorFlow with its share of the CPUs
-    (intra-op threads), unless the user set TF_NUM_INTRAOP_THREADS."""
+    (intra-op threads), and Horovod with its CPU cycle time, unless the user set
+    TF_NUM_INTRAOP_THREADS and HOROVOD_CYCLE_TIME."""
     script = "tests/integration/scripts/thread_share.py"
     command = [horovodrun(), "--gloo", "-np", "2", "-H", "localhost:2", sys.executable, script]
     shared, chosen = tmp_path / "shared", tmp_path / "chosen"
-    for out, env in ((shared, {}), (chosen, {"TF_NUM_INTRAOP_THREADS": "3"})):
+    chosen_env = {"TF_NUM_INTRAOP_THREADS": "3", "HOROVOD_CYCLE_TIME": "7"}
+    for out, env in ((shared, {}), (chosen, chosen_env)):
         out.mkdir()
         result = run([*command, str(out)], timeout=300, env=env)
         assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
@@ -68,6 +70,8 @@ def test_ranks_on_one_host_share_its_cpus(tmp_path: Path) -> None:
         facts = json.loads((shared / f"rank{rank}.json").read_text())
         assert facts["local_ranks"] == 2
         assert facts["set"] == facts["configured"] == max(1, facts["cpus"] // 2)
+        assert facts["cycle_time"] == "3"  # no GPU here: dlrm.dist.CPU_DEFAULTS
         facts = json.loads((chosen / f"rank{rank}.json").read_text())
         # Left to TensorFlow (0: its default), which reads the variable.
         assert facts["set"] is None and facts["configured"] == 0
+        assert facts["cycle_time"] == "7"

@@ -1,10 +1,11 @@
-"""One rank under horovodrun: the CPU share `HorovodCollectives` gave it.
+"""One rank under horovodrun: the CPU share `HorovodCollectives` gave it, and
+its CPU-only Horovod defaults.
 
     thread_share.py OUT_DIR
 
 Writes rank<N>.json: the threads `share_cpus` set (or None), the intra-op
 threads TensorFlow is configured with (0: its default), the CPUs the rank may
-use and the ranks on this host.
+use, the ranks on this host and the Horovod cycle time hvd.init() read.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ def main() -> None:
         "configured": tf.config.threading.get_intra_op_parallelism_threads(),
         "cpus": len(os.sched_getaffinity(0)),
         "local_ranks": hvd.local_size(),
+        "cycle_time": os.environ.get("HOROVOD_CYCLE_TIME"),
     }
     Path(sys.argv[1], f"rank{collectives.rank}.json").write_text(json.dumps(facts))
 
