@@ -143,15 +143,12 @@ def train_plain(batch: int, variant: str, steps: int) -> dict[str, Any]:
 def collective_shares(dataset: Path, work: Path, batch: int, steps: int) -> dict[str, Any]:
     """The share of 2 ranks' step time spent in collectives, fp32 and --amp
     (`benchmarks/train.py`'s timed collectives)."""
-    from benchmarks.train import measure_ranks
+    from benchmarks.train import measure_ranks, per_step
 
     shares = {}
     for variant in ("fp32", "amp"):
         result = measure_ranks(dataset, 2, batch, steps, 2, work, amp=variant == "amp")
-        ranks = result["ranks"]
-        step = max(r["seconds"] for r in ranks) / steps
-        inside = sum(r["collective_seconds"] for r in ranks) / len(ranks) / steps
-        executing = result["executing_seconds"] / steps
+        step, inside, executing = per_step(result, steps)
         shares[variant] = {
             "batch_size": batch,
             "step_seconds": step,

@@ -216,6 +216,16 @@ def measure_ranks(
     return figures
 
 
+def per_step(result: dict, steps: int) -> tuple[float, float, float]:
+    """(step, inside collectives, executing them) in seconds per step, from
+    `measure_ranks`' result: the slowest rank's step, the ranks' mean time
+    inside collectives (waiting included), the timeline's execution time."""
+    ranks = result["ranks"]
+    step = max(r["seconds"] for r in ranks) / steps
+    inside = sum(r["collective_seconds"] for r in ranks) / len(ranks) / steps
+    return step, inside, result["executing_seconds"] / steps
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--batch_size", type=int, default=8192)
@@ -323,10 +333,7 @@ def compare_ranks(dataset: Path, args: argparse.Namespace, work: Path) -> dict:
     figures = {}
     for world_size in (1, args.np):
         result = measure_ranks(dataset, world_size, args.batch_size, args.steps, args.warmup, work)
-        ranks = result["ranks"]
-        step = max(r["seconds"] for r in ranks) / args.steps
-        collective = sum(r["collective_seconds"] for r in ranks) / len(ranks) / args.steps
-        executing = result["executing_seconds"] / args.steps
+        step, collective, executing = per_step(result, args.steps)
         kinds: dict[str, int] = {}
         for table in (result["plan"] or {}).get("tables", []):
             kinds[table["kind"]] = kinds.get(table["kind"], 0) + 1
@@ -344,7 +351,7 @@ def compare_ranks(dataset: Path, args: argparse.Namespace, work: Path) -> dict:
             "collective_share": collective / step,
             "executing_seconds_per_step": executing,
             "executing_share": executing / step,
-            "per_rank": ranks,
+            "per_rank": result["ranks"],
             "plan_kinds": kinds,
         }
     return figures
