@@ -35,12 +35,8 @@ from preproc.parse import (
     FILE_COLUMN,
     HEADER,
     MALFORMED_REASONS,
-    REASON_COLUMN,
     LineIndex,
-    first_malformed,
-    parse_lines,
-    read_lines,
-    summarize,
+    parse_to_parquet,
     with_line_numbers,
 )
 from preproc.partition_writer import PartFormat
@@ -103,7 +99,10 @@ class _Run:
     def _plan(self) -> dict[str, Stage]:
         config = self.config
         inputs = [file_identity(f.path) for f in config.files]
-        parse = fingerprint({"stage": "parse", "layout": _layout_json(config), "files": inputs})
+        # format 2: only the well-formed rows (line_parser); 1 kept every line.
+        parse = fingerprint(
+            {"stage": "parse", "format": 2, "layout": _layout_json(config), "files": inputs}
+        )
         vocabulary = fingerprint(
             {
                 "stage": "vocabulary",
@@ -202,14 +201,12 @@ class _Run:
         config = self.config
         sizes = sum(f.path.stat().st_size for f in config.files)
         self.console(f"[preproc] parse: {len(config.files)} files, {sizes / 1e6:,.1f} MB")
-        lines = read_lines(self.spark, config.files)
-        parse_lines(lines, config.layout).write.parquet(str(staging / "rows"))
-        parsed = self.spark.read.parquet(str(staging / "rows"))
-        index, blocks = summarize(parsed)
-        examples = first_malformed(parsed, index, MALFORMED_EXAMPLES)
+        parsed = parse_to_parquet(
+            self.spark, config.files, config.layout, staging / "rows", MALFORMED_EXAMPLES
+        )
         files = []
         for number, file in enumerate(config.files):
-            mine = [b for b in blocks if b["file"] == number]
+            mine = [b for b in parsed.blocks if b["file"] == number]
             entry: dict[str, Any] = {
                 "name": str(file.path),
                 "mapping": file.mapping,
@@ -220,9 +217,9 @@ class _Run:
             }
             entry["rows"] = entry["lines"] - entry[HEADER] - sum(entry["malformed"].values())
             files.append(entry)
-        for example in examples:
+        for example in parsed.examples:
             example["file"] = str(config.files[example["file"]].path)
-        return {"line_index": index.to_json(), "files": files, "examples": examples}
+        return {"line_index": parsed.index.to_json(), "files": files, "examples": parsed.examples}
 
     def _check_strict(self, parse: Mapping[str, Any]) -> None:
         if not self.config.strict or not parse["examples"]:
@@ -242,7 +239,7 @@ class _Run:
 
         parsed = self.spark.read.parquet(str(self.stages["parse"].directory / "rows"))
         files = list(self.config.files_of(mapping))
-        return parsed.where(F.col(REASON_COLUMN).isNull() & F.col(FILE_COLUMN).isin(files))
+        return parsed.where(F.col(FILE_COLUMN).isin(files))  # well-formed rows only
 
     def _vocabulary(self, staging: Path) -> dict[str, Any]:
         layout = self.config.layout
