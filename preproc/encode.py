@@ -33,7 +33,7 @@ from preproc.partition_writer import (
     concatenate_parts,
     write_arrow_partition,
 )
-from preproc.vocabulary import ID_COLUMN, VALUE_COLUMN, read_vocabulary
+from preproc.vocabulary import ID_COLUMN, VALUE_COLUMN, feature_directory, read_vocabulary
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
@@ -42,7 +42,12 @@ if TYPE_CHECKING:
 SHUFFLE_KEY_BITS = 60
 ORDER_COLUMN = "_order"
 BUCKET_COLUMN = "_bucket"
-# Vocabularies up to this many ids are broadcast to every task (hash join, no shuffle).
+# Vocabularies up to this many ids are looked up by the binary writers themselves
+# (pyarrow builds a hash table of the vocabulary per Arrow batch, so this stays
+# near the batch size, `preproc.spark.ARROW_BATCH_ROWS`); up to BROADCAST_VOCABULARY_IDS they are
+# broadcast to every task (hash join, no shuffle); bigger ones are joined with a
+# shuffle.
+WRITER_VOCABULARY_IDS = 1 << 16
 BROADCAST_VOCABULARY_IDS = 2_000_000
 # Buckets per output partition: a hash partitioner puts several buckets in one task;
 # more buckets than tasks keep the tasks' sizes even.
@@ -76,15 +81,23 @@ def encode(
     vocabulary_dir: Path | None,
     cardinalities: Sequence[int],
     transform: NumericalTransform,
-) -> DataFrame:
+) -> tuple[DataFrame, tuple[str | None, ...]]:
     """Well-formed rows with `_line` -> [_file, _line, _label, _num<i> (double),
-    _cat<i> (int, or array<int> for a variable-length feature)]."""
+    _cat<i> (int, or array<int> for a variable-length feature)], and per
+    categorical feature the vocabulary directory the writers look its values up in
+    (`PartFormat.vocabularies`): such a `_cat<i>` keeps its values."""
     from pyspark.sql import functions as F
 
     schema = rows.schema
     cat_values: list[Column] = []
+    lookups: list[str | None] = [None] * len(layout.categorical)
     for index, column in enumerate(layout.categorical):
         name = categorical_column(index)
+        small = cardinalities[index] <= WRITER_VOCABULARY_IDS
+        if column.uses_vocabulary and vocabulary_dir is not None and small:
+            lookups[index] = str(feature_directory(vocabulary_dir, index))
+            cat_values.append(F.col(name))
+            continue
         if column.kind == CategoricalKind.ID or vocabulary_dir is None:
             if column.variable_length:
                 ids = F.transform(name, lambda value: F.coalesce(value.cast("int"), F.lit(0)))
@@ -111,7 +124,8 @@ def encode(
         _transform(F.col(numerical_column(i)), transform).alias(numerical_column(i))
         for i in range(len(layout.numerical))
     ]
-    return rows.select(FILE_COLUMN, LINE_COLUMN, LABEL_COLUMN, *num_values, *cat_values)
+    encoded = rows.select(FILE_COLUMN, LINE_COLUMN, LABEL_COLUMN, *num_values, *cat_values)
+    return encoded, tuple(lookups)
 
 
 def _join_list_ids(rows: DataFrame, index: int, vocabulary: DataFrame) -> DataFrame:

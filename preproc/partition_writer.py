@@ -15,6 +15,10 @@ buckets before its own hold. The driver turns the lengths into the global row
 offsets (`cat_<i>.offsets.bin`, int64 [rows + 1] from 0) as it joins the buckets,
 carrying the running id count from one bucket to the next.
 
+A categorical feature with a small vocabulary arrives as its values (text), not
+ids: the task looks them up itself (`PartFormat.vocabularies`), with pyarrow's
+hash lookup over whole columns, in place of a Spark join per feature.
+
 The executors must see the output directory (always true in local mode; on a
 cluster, a shared file system).
 """
@@ -31,9 +35,12 @@ from typing import IO
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
 from feature_spec.criteo import LABEL_FILE, NUMERICAL_FILE, categorical_name
 from feature_spec.staged import staged_directory
+from preproc.vocabulary import ID_COLUMN, VALUE_COLUMN
 
 FLOAT16_MAX = float(np.finfo(np.float16).max)
 _COPY_BUFFER = 16 << 20
@@ -62,6 +69,9 @@ class PartFormat:
     Attributes:
         variable_length: per categorical feature, whether it is a list of ids;
             empty: none is.
+        vocabularies: per categorical feature, the vocabulary directory of the
+            feature (`vocabulary.feature_directory`) when its column holds values
+            for the task to look up, else None; empty: every column holds ids.
     """
 
     parts_dir: str
@@ -69,13 +79,19 @@ class PartFormat:
     categorical_dtypes: tuple[str, ...]
     cardinalities: tuple[int, ...]
     variable_length: tuple[bool, ...] = ()
+    vocabularies: tuple[str | None, ...] = ()
 
     def __post_init__(self) -> None:
-        if self.variable_length and len(self.variable_length) != len(self.cardinalities):
-            raise ValueError(
-                f"variable_length: expected one flag per categorical feature "
-                f"({len(self.cardinalities)}), got {len(self.variable_length)}"
-            )
+        for name in ("variable_length", "vocabularies"):
+            given = getattr(self, name)
+            if given and len(given) != len(self.cardinalities):
+                raise ValueError(
+                    f"{name}: expected one entry per categorical feature "
+                    f"({len(self.cardinalities)}), got {len(given)}"
+                )
+
+    def vocabulary(self, index: int) -> str | None:
+        return self.vocabularies[index] if self.vocabularies else None
 
     def is_variable_length(self, index: int) -> bool:
         return bool(self.variable_length) and self.variable_length[index]
@@ -188,6 +204,9 @@ def _segments(part: PartFormat, batch: pa.RecordBatch) -> Iterator[_Segment]:
     categorical = []
     for i in range(len(part.cardinalities)):
         column = batch.column(2 + n_num + i)
+        vocabulary = part.vocabulary(i)
+        if vocabulary is not None:
+            column = _look_up(vocabulary, column)
         if part.is_variable_length(i):
             offsets = column.offsets.to_numpy().astype(np.int64)
             ids = column.flatten().to_numpy().astype(np.int64)
@@ -207,6 +226,41 @@ def _segments(part: PartFormat, batch: pa.RecordBatch) -> Iterator[_Segment]:
                 for ids, lengths, offsets in categorical
             ],
         )
+
+
+# Per worker process (Spark reuses them across tasks): vocabulary directory ->
+# (its values, ids with 0 prepended: ids[position + 1] is the id of values[position]).
+_VOCABULARIES: dict[str, tuple[pa.Array, np.ndarray]] = {}
+
+
+def _vocabulary(directory: str) -> tuple[pa.Array, np.ndarray]:
+    if directory not in _VOCABULARIES:
+        files = sorted(Path(directory).glob("*.parquet")) if Path(directory).is_dir() else []
+        tables = [pq.read_table(f, columns=[VALUE_COLUMN, ID_COLUMN]) for f in files]
+        if tables:
+            table = pa.concat_tables(tables)
+            values = table.column(VALUE_COLUMN).combine_chunks()
+            ids = table.column(ID_COLUMN).to_numpy()
+        else:  # no value was kept: every id is 0
+            values, ids = pa.array([], pa.string()), np.zeros(0, np.int64)
+        _VOCABULARIES[directory] = (values, np.concatenate([[0], ids]).astype(np.int64))
+    return _VOCABULARIES[directory]
+
+
+def _look_up(directory: str, column: pa.Array) -> pa.Array:
+    """The ids of `column`'s values (missing, rare, unseen: 0); a list column's
+    elements one by one, the lists kept."""
+    values, ids = _vocabulary(directory)
+    elements = pc.list_flatten(column) if pa.types.is_list(column.type) else column
+    if len(values):
+        positions = pc.fill_null(pc.index_in(elements, value_set=values), -1).to_numpy()
+        found = pa.array(ids[positions + 1])
+    else:
+        found = pa.array(np.zeros(len(elements), np.int64))
+    if not pa.types.is_list(column.type):
+        return found
+    offsets = column.offsets.to_numpy()
+    return pa.ListArray.from_arrays(pa.array(offsets - offsets[0], pa.int32()), found)
 
 
 def _write_bucket(

@@ -270,7 +270,7 @@ class _Run:
         expected = sum(f["rows"] for f in parse.summary["files"] if f["mapping"] == mapping)
         rows = with_line_numbers(self.spark, self._parsed_rows(mapping), index)
         vocabulary_dir = self.stages["vocabulary"].directory / "vocabulary"
-        encoded = encode(
+        encoded, lookups = encode(
             self.spark,
             rows,
             layout,
@@ -297,6 +297,7 @@ class _Run:
             categorical_dtypes=tuple(minimal_categorical_dtype(c) for c in cardinalities),
             cardinalities=tuple(cardinalities),
             variable_length=layout.variable_length,
+            vocabularies=lookups,
         )
         ordered = order_columns(encoded, ordering, buckets)
         stats = write_ordered(ordered, layout, part, staging, tasks, buckets)

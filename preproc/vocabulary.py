@@ -92,6 +92,11 @@ def build_vocabularies(
     }
 
 
+def feature_directory(directory: Path, feature: int) -> Path:
+    """Where `build_vocabularies` put the values of one feature (absent: none kept)."""
+    return directory / f"{FEATURE_COLUMN}={feature}"
+
+
 def read_vocabulary(
     spark: SparkSession, directory: Path, feature: int, value_type: DataType
 ) -> DataFrame:

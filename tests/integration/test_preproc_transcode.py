@@ -279,9 +279,19 @@ def raw_lists(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
+@pytest.mark.parametrize("lookup", ["writer", "broadcast_join", "shuffle_join"])
 def test_list_columns_write_ids_and_global_offsets(
-    spark: Any, raw_lists: Path, tmp_path: Path
+    spark: Any, raw_lists: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, lookup: str
 ) -> None:
+    """Also the three ways ids are found: small vocabularies by the binary writers,
+    larger ones by a broadcast join, the largest by a shuffle join (forced here by
+    lowering the sizes)."""
+    import preproc.encode
+
+    if lookup != "writer":
+        monkeypatch.setattr(preproc.encode, "WRITER_VOCABULARY_IDS", 0)
+    if lookup == "shuffle_join":
+        monkeypatch.setattr(preproc.encode, "BROADCAST_VOCABULARY_IDS", 0)
     out = tmp_path / "dataset"
     args = build_parser().parse_args(
         [
@@ -338,6 +348,16 @@ def test_list_columns_write_ids_and_global_offsets(
     tags_report = next(c for c in report["categorical"] if c["name"] == "tags")
     test_ids = expected["test"]["tags"][0]
     assert tags_report["oov_rate"]["test"] == test_ids.count(0) / len(test_ids)
+    # The one-value feature: its values through its vocabulary.
+    countries = [train[n].split(",")[4] for n in good]
+    known = build_vocabulary((c for c in countries if c), THRESHOLD)
+    for mapping, lines, order in (("train", train, train_order), ("test", test, range(len(test)))):
+        values = [lines[n].split(",")[4] for n in order]
+        path = SplitBinaryFiles.open(spec, mapping).categorical["country"].path
+        ids = np.fromfile(path, dtype=features["country"].dtype)
+        np.testing.assert_array_equal(ids, [known.get(v, 0) for v in values], err_msg=mapping)
+    if lookup != "writer":
+        return
 
     # main.py trains on it: the list features pooled by mean, evaluated.
     log = tmp_path / "train.jsonl"

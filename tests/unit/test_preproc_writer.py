@@ -139,7 +139,7 @@ def test_list_ids_are_checked(tmp_path: Path) -> None:
     part = PartFormat(str(tmp_path / "_parts"), 0, ("int8",), (11,), variable_length=(True,))
     with pytest.raises(ValueError, match=r"cat_0: expected ids in \[0, 11\), got 11"):
         write(part, [(0, True, [3]), (0, False, [0, 11, 2])])
-    with pytest.raises(ValueError, match="variable_length: expected one flag per categorical"):
+    with pytest.raises(ValueError, match="variable_length: expected one entry per categorical"):
         PartFormat(str(tmp_path), 0, ("int8",), (11,), variable_length=(True, False))
 
 
@@ -241,3 +241,46 @@ def test_report_table() -> None:
     assert "cat_0        C1          2     1,234           99   int8     50.00%    25.00%" in text
     assert "2 values clipped to the float16 range" in text
     assert "stages: parse 2.0 s (earlier run), train 1.5 s" in text
+
+
+def test_values_are_looked_up_in_the_vocabulary_by_the_writer(tmp_path: Path) -> None:
+    """A feature given as values (text; a list of them) gets the ids of its
+    vocabulary directory: missing, unseen: 0; a feature without a kept value (no
+    directory): all 0."""
+    import pyarrow.parquet as pq
+
+    colors = tmp_path / "vocabulary" / "_feature=0"
+    colors.mkdir(parents=True)
+    vocabulary = {"_value": ["red", "blue"], "_count": [9, 4], "_id": pa.array([1, 2], pa.int32())}
+    pq.write_table(pa.table(vocabulary), colors / "part-00000.snappy.parquet")
+    pq.write_table(pa.table(vocabulary), colors / ".hidden.parquet")  # Spark's .crc and such
+    part = PartFormat(
+        str(tmp_path / "_parts"),
+        0,
+        ("int8", "int8", "int8"),
+        (3, 3, 1),
+        variable_length=(False, True, False),
+        vocabularies=(str(colors), str(colors), str(tmp_path / "vocabulary" / "_feature=2")),
+    )
+    table = pa.table(
+        {
+            "bucket": pa.array([0, 0, 0, 0], pa.int32()),
+            "label": [True, False, False, True],
+            "color": ["blue", None, "green", "red"],
+            "colors": [["red", "red"], [], [None, "blue", "pink"], ["blue"]],
+            "shape": ["round", None, "square", "round"],
+        }
+    )
+    (stats,) = write_partition(part, table.to_batches(max_chunksize=3))
+    concatenate_parts(part, tmp_path)
+    np.testing.assert_array_equal(np.fromfile(tmp_path / "cat_0.bin", np.int8), [2, 0, 0, 1])
+    np.testing.assert_array_equal(np.fromfile(tmp_path / "cat_1.bin", np.int8), [1, 1, 0, 2, 0, 2])
+    offsets = np.fromfile(tmp_path / "cat_1.offsets.bin", np.int64)
+    np.testing.assert_array_equal(offsets, [0, 2, 2, 5, 6])
+    np.testing.assert_array_equal(np.fromfile(tmp_path / "cat_2.bin", np.int8), [0, 0, 0, 0])
+    assert stats.zero_ids == [2, 2, 4] and stats.ids == [4, 6, 4]
+
+
+def test_one_vocabulary_per_categorical_feature() -> None:
+    with pytest.raises(ValueError, match=r"vocabularies: expected one entry per categorical"):
+        PartFormat("parts", 0, DTYPES, CARDINALITIES, vocabularies=(None,))
