@@ -3,7 +3,9 @@
 Runs in Spark's Python workers on Arrow batches of lines (`DataFrame.mapInArrow`):
 the splitting, checking and casting are pyarrow compute kernels over whole columns,
 and only rejected lines are looked at one by one (to name their reason). Each task
-writes its well-formed rows as one Parquet file and returns, per file block it read,
+writes its well-formed rows as one Parquet file, and how often each value of each
+vocabulary feature occurs in them per input file as another (the vocabularies are
+summed from these, never from the rows again); it returns, per file block it read,
 the line counts and its first rejected lines.
 
 The rules, checked in this order (a line gets the first reason that applies):
@@ -23,6 +25,7 @@ empty list, an empty element of a list a missing value (null).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -46,6 +49,7 @@ from preproc.layout import (
     categorical_column,
     numerical_column,
 )
+from preproc.vocabulary import COUNT_COLUMN, FEATURE_COLUMN, VALUE_COLUMN
 
 # Malformed-line reasons, in the order lines are checked (a line gets the first).
 MALFORMED_REASONS = ("field_count", "label", "numerical", "categorical")
@@ -72,6 +76,17 @@ _QUOTED_CHARS = 40  # of a bad value, in the message
 # Rows a task gathers before writing them as one Parquet row group.
 ROW_GROUP_ROWS = 1 << 17
 
+# Value counts: per input file and vocabulary feature (categorical index), how
+# many times each value occurs in the well-formed rows (a list: its elements).
+COUNTS_SCHEMA = pa.schema(
+    [
+        (FILE_COLUMN, pa.int32()),
+        (FEATURE_COLUMN, pa.int32()),
+        (VALUE_COLUMN, pa.string()),
+        (COUNT_COLUMN, pa.int64()),
+    ]
+)
+
 # What a task returns: one row per file block it read. `examples`: JSON list of
 # [row id, reason, detail] of the block's first rejected lines (headers aside).
 BLOCK_SCHEMA = pa.schema(
@@ -94,13 +109,16 @@ class ParseTask:
 
     Attributes:
         layout: the input's fields.
-        output_dir: where the tasks write their Parquet files (seen by every
+        output_dir: where the tasks write the rows' Parquet files (seen by every
             executor: a shared file system on a cluster).
+        counts_dir: where they write the value counts (`COUNTS_SCHEMA`) of the
+            vocabulary features (`layout.vocabulary_columns`).
         examples: rejected lines kept per block (in line order), for the report.
     """
 
     layout: InputLayout
     output_dir: str
+    counts_dir: str
     examples: int
 
 
@@ -127,36 +145,91 @@ def row_schema(layout: InputLayout) -> pa.Schema:
 
 def parse_partition(task: ParseTask, batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     """The body of a parse task (`mapInArrow`): batches of [_file, _block, _row,
-    value] lines in, one Parquet file of the well-formed rows written (staged under
-    a hidden name, renamed into place when complete), `BLOCK_SCHEMA` rows out."""
+    value] lines in; one Parquet file of the well-formed rows and one of their value
+    counts written (each staged under a hidden name, renamed into place when
+    complete); `BLOCK_SCHEMA` rows out."""
     parser = _Parser(task.layout)
     schema = row_schema(task.layout)
     blocks: dict[tuple[int, int], _BlockCounts] = {}
-    final = Path(task.output_dir) / f"part-{_part_id()}.parquet"
-    staging = final.with_name(f".{final.name}.{uuid.uuid4().hex}")
+    counts = _ValueCounts(task.layout)
+    name = f"part-{_part_id()}.parquet"
     pending: list[pa.RecordBatch] = []
     pending_rows = 0
-    try:
-        with pq.ParquetWriter(staging, schema) as writer:
-            for batch in batches:
-                if batch.num_rows == 0:
-                    continue
-                rows = parser.parse(batch, blocks, task.examples)
-                pending.append(rows)
-                pending_rows += rows.num_rows
-                if pending_rows >= ROW_GROUP_ROWS:
-                    writer.write_table(pa.Table.from_batches(pending, schema))
-                    pending, pending_rows = [], 0
-            if pending:
-                writer.write_table(pa.Table.from_batches(pending, schema))
-        os.replace(staging, final)
-    finally:
-        staging.unlink(missing_ok=True)
+    with _staged(Path(task.output_dir) / name) as staging, pq.ParquetWriter(staging, schema) as out:
+        for batch in batches:
+            if batch.num_rows == 0:
+                continue
+            rows = parser.parse(batch, blocks, task.examples)
+            counts.add(rows)
+            pending.append(rows)
+            pending_rows += rows.num_rows
+            if pending_rows >= ROW_GROUP_ROWS:
+                out.write_table(pa.Table.from_batches(pending, schema))
+                pending, pending_rows = [], 0
+        if pending:
+            out.write_table(pa.Table.from_batches(pending, schema))
+    with _staged(Path(task.counts_dir) / name) as staging:
+        pq.write_table(counts.table(), staging)
     if blocks:
         yield pa.RecordBatch.from_pylist(
             [counts.to_row(file, block) for (file, block), counts in blocks.items()],
             schema=BLOCK_SCHEMA,
         )
+
+
+@contextlib.contextmanager
+def _staged(final: Path) -> Iterator[Path]:
+    """A hidden path to write `final` at, renamed to it on success (a retried task
+    replaces it whole; Spark and pyarrow skip hidden files), removed on failure."""
+    staging = final.with_name(f".{final.name}.{uuid.uuid4().hex}")
+    try:
+        yield staging
+        os.replace(staging, final)
+    finally:
+        staging.unlink(missing_ok=True)
+
+
+class _ValueCounts:
+    """The value counts of one task's well-formed rows, summed batch by batch."""
+
+    def __init__(self, layout: InputLayout) -> None:
+        self.features = layout.vocabulary_columns
+        self.lists = layout.variable_length
+        self.partial: dict[int, list[pa.Table]] = {i: [] for i in self.features}
+
+    def add(self, rows: pa.RecordBatch) -> None:
+        for index in self.features:
+            values = rows.column(categorical_column(index))
+            files = rows.column(FILE_COLUMN)
+            if self.lists[index]:
+                files = pc.take(files, pc.list_parent_indices(values))
+                values = pc.list_flatten(values)
+            pairs = pa.table({FILE_COLUMN: files, VALUE_COLUMN: values})
+            grouped = (
+                pairs.filter(pc.is_valid(values))
+                .group_by([FILE_COLUMN, VALUE_COLUMN])
+                .aggregate([(VALUE_COLUMN, "count")])
+            )
+            self.partial[index].append(
+                grouped.rename_columns({f"{VALUE_COLUMN}_count": COUNT_COLUMN})
+            )
+
+    def table(self) -> pa.Table:
+        tables = []
+        for index, partial in self.partial.items():
+            if not partial:
+                continue
+            total = (
+                pa.concat_tables(partial)
+                .group_by([FILE_COLUMN, VALUE_COLUMN])
+                .aggregate([(COUNT_COLUMN, "sum")])
+                .rename_columns({f"{COUNT_COLUMN}_sum": COUNT_COLUMN})
+            )
+            feature = pa.array(np.full(total.num_rows, index, np.int32))
+            tables.append(total.append_column(FEATURE_COLUMN, feature))
+        if not tables:
+            return COUNTS_SCHEMA.empty_table()
+        return pa.concat_tables(tables).select(COUNTS_SCHEMA.names).cast(COUNTS_SCHEMA)
 
 
 def _part_id() -> str:

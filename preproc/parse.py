@@ -21,6 +21,7 @@ from preproc.layout import InputLayout
 from preproc.line_parser import (
     BLOCK_COLUMN,
     BLOCK_SCHEMA,
+    COUNTS_SCHEMA,
     FILE_COLUMN,
     HEADER,
     LINE_COLUMN,
@@ -149,22 +150,27 @@ def parse_to_parquet(
     files: Sequence[InputFile],
     layout: InputLayout,
     output: Path,
+    counts: Path,
     examples: int,
 ) -> Parsed:
-    """Parses every line of `files` and writes the well-formed rows as Parquet files
-    into `output` (columns: `line_parser.row_schema`), in one Spark job."""
+    """Parses every line of `files` in one Spark job: writes the well-formed rows as
+    Parquet files into `output` (columns: `line_parser.row_schema`) and their value
+    counts into `counts` (`line_parser.COUNTS_SCHEMA`)."""
+    import pyarrow.parquet as pq
     from pyspark.sql.pandas.types import from_arrow_schema
 
     output.mkdir(parents=True, exist_ok=True)
-    task = ParseTask(layout=layout, output_dir=str(output), examples=examples)
+    counts.mkdir(parents=True, exist_ok=True)
+    task = ParseTask(
+        layout=layout, output_dir=str(output), counts_dir=str(counts), examples=examples
+    )
     job = read_lines(spark, files).mapInArrow(
         functools.partial(parse_partition, task), from_arrow_schema(BLOCK_SCHEMA)
     )
     rows = [row.asDict() for row in job.collect()]
-    if not any(output.glob("part-*.parquet")):  # no lines at all: an empty table
-        import pyarrow.parquet as pq
-
+    if not any(output.glob("part-*.parquet")):  # no lines at all: empty tables
         pq.write_table(row_schema(layout).empty_table(), output / "part-empty.parquet")
+        pq.write_table(COUNTS_SCHEMA.empty_table(), counts / "part-empty.parquet")
     index = LineIndex.from_blocks(
         [Block(r["file"], r["block"], r["first_row"], r["lines"]) for r in rows]
     )

@@ -99,9 +99,10 @@ class _Run:
     def _plan(self) -> dict[str, Stage]:
         config = self.config
         inputs = [file_identity(f.path) for f in config.files]
-        # format 2: only the well-formed rows (line_parser); 1 kept every line.
+        # format 3: the well-formed rows and their value counts (line_parser); 1 kept
+        # every line and no counts.
         parse = fingerprint(
-            {"stage": "parse", "format": 2, "layout": _layout_json(config), "files": inputs}
+            {"stage": "parse", "format": 3, "layout": _layout_json(config), "files": inputs}
         )
         vocabulary = fingerprint(
             {
@@ -202,7 +203,12 @@ class _Run:
         sizes = sum(f.path.stat().st_size for f in config.files)
         self.console(f"[preproc] parse: {len(config.files)} files, {sizes / 1e6:,.1f} MB")
         parsed = parse_to_parquet(
-            self.spark, config.files, config.layout, staging / "rows", MALFORMED_EXAMPLES
+            self.spark,
+            config.files,
+            config.layout,
+            staging / "rows",
+            staging / "counts",
+            MALFORMED_EXAMPLES,
         )
         files = []
         for number, file in enumerate(config.files):
@@ -242,14 +248,16 @@ class _Run:
         return parsed.where(F.col(FILE_COLUMN).isin(files))  # well-formed rows only
 
     def _vocabulary(self, staging: Path) -> dict[str, Any]:
+        from pyspark.sql import functions as F
+
         layout = self.config.layout
         features = layout.vocabulary_columns
         sizes: dict[int, dict[str, int]] = {}
         if features:
-            train = self._parsed_rows(TRAIN_MAPPING)
+            counts = self.spark.read.parquet(str(self.stages["parse"].directory / "counts"))
+            train = counts.where(F.col(FILE_COLUMN).isin(list(self.config.files_of(TRAIN_MAPPING))))
             thresholds = self.config.frequency_thresholds
-            lists = [i for i, variable in enumerate(layout.variable_length) if variable]
-            sizes = build_vocabularies(train, features, thresholds, staging / "vocabulary", lists)
+            sizes = build_vocabularies(train, features, thresholds, staging / "vocabulary")
         entries = []
         for index, column in enumerate(layout.categorical):
             if column.kind == CategoricalKind.ID:

@@ -12,14 +12,12 @@ Stored as Parquet partitioned by feature: [_value, _count, _id], `_feature=<i>/`
 from __future__ import annotations
 
 import shutil
-from collections.abc import Collection, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from preproc.layout import categorical_column
-
 if TYPE_CHECKING:
-    from pyspark.sql import Column, DataFrame, SparkSession
+    from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.types import DataType
 
 FEATURE_COLUMN = "_feature"
@@ -29,20 +27,20 @@ ID_COLUMN = "_id"
 
 
 def build_vocabularies(
-    train_rows: DataFrame,
+    train_counts: DataFrame,
     features: Sequence[int],
     thresholds: Sequence[int],
     output: Path,
-    variable_length: Collection[int] = (),
 ) -> dict[int, dict[str, int]]:
-    """Counts, thresholds and numbers the values of `features` and writes the result.
+    """Sums, thresholds and numbers the values of `features` and writes the result.
 
     Args:
-        train_rows: well-formed training rows with `_cat<i>` columns (null = missing).
+        train_counts: value counts of the training files, in parts
+            [_feature, _value, _count, ...] (`line_parser.COUNTS_SCHEMA`: a value
+            may have several rows, one per file and parse task).
         features: categorical indices (channel order) that get a vocabulary.
         thresholds: per categorical index, the minimum count to get an id.
         output: the Parquet directory to write.
-        variable_length: the indices whose `_cat<i>` is an array of values.
 
     Returns:
         Per feature: {"distinct": values seen in training, "kept": values with an id}.
@@ -50,28 +48,16 @@ def build_vocabularies(
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
-    def pairs_of(index: int) -> Column:
-        """[(feature, value)] of one row: one pair, or one per list element."""
-
-        def pair(value: Column) -> Column:
-            return F.struct(F.lit(index).alias(FEATURE_COLUMN), value.alias(VALUE_COLUMN))
-
-        column = F.col(categorical_column(index))
-        return F.transform(column, pair) if index in variable_length else F.array(pair(column))
-
-    pairs = train_rows.select(
-        F.explode(F.concat(*[pairs_of(i) for i in features])).alias("_pair")
-    ).select(f"_pair.{FEATURE_COLUMN}", f"_pair.{VALUE_COLUMN}")
     # The counts are used twice; written once (not cached) so that adaptive execution
     # sizes the tasks, and deleted after.
     counts_dir = output.with_name(output.name + "_counts")
     (
-        pairs.where(F.col(VALUE_COLUMN).isNotNull())
+        train_counts.where(F.col(FEATURE_COLUMN).isin(list(features)))
         .groupBy(FEATURE_COLUMN, VALUE_COLUMN)
-        .agg(F.count(F.lit(1)).alias(COUNT_COLUMN))
+        .agg(F.sum(COUNT_COLUMN).alias(COUNT_COLUMN))
         .write.parquet(str(counts_dir))
     )
-    counts = train_rows.sparkSession.read.parquet(str(counts_dir))
+    counts = train_counts.sparkSession.read.parquet(str(counts_dir))
     minimum = F.element_at(F.array(*[F.lit(int(t)) for t in thresholds]), F.col(FEATURE_COLUMN) + 1)
     kept = counts.where(F.col(COUNT_COLUMN) >= minimum)
     order = Window.partitionBy(FEATURE_COLUMN).orderBy(F.desc(COUNT_COLUMN), F.asc(VALUE_COLUMN))

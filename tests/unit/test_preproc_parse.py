@@ -61,7 +61,9 @@ def run_task(
             "value": pa.array(lines, pa.string()),
         }
     )
-    task = ParseTask(layout=layout, output_dir=str(out), examples=examples)
+    counts = tmp_path / "counts"
+    counts.mkdir(exist_ok=True)
+    task = ParseTask(layout, str(out), str(counts), examples)
     blocks = list(parse_partition(task, table.to_batches(max_chunksize=batch_rows)))
     written = list(out.iterdir())
     assert len(written) == 1 and written[0].name.startswith("part-"), written
@@ -168,7 +170,7 @@ def test_examples_are_limited_per_block_and_blocks_counted_apart(tmp_path: Path)
             "value": pa.array(lines),
         }
     )
-    task = ParseTask(layout=criteo_layout(), output_dir=str(out), examples=2)
+    task = ParseTask(criteo_layout(), str(out), str(tmp_path), examples=2)
     (batch,) = parse_partition(task, table.to_batches(max_chunksize=4))
     first, second = batch.to_pylist()
     assert (first["file"], first["block"], first["first_row"], first["lines"]) == (0, 0, 7, 3)
@@ -182,7 +184,7 @@ def test_examples_are_limited_per_block_and_blocks_counted_apart(tmp_path: Path)
 def test_a_task_without_lines_writes_an_empty_table(tmp_path: Path) -> None:
     out = tmp_path / "rows"
     out.mkdir()
-    task = ParseTask(layout=LAYOUT, output_dir=str(out), examples=5)
+    task = ParseTask(LAYOUT, str(out), str(tmp_path), examples=5)
     assert list(parse_partition(task, [])) == []
     (written,) = out.iterdir()
     assert pq.read_table(written).num_rows == 0
@@ -204,7 +206,7 @@ def test_a_failed_task_leaves_no_file(tmp_path: Path) -> None:
         yield from lines.to_batches()
         raise OSError("the executor lost its input")
 
-    task = ParseTask(layout=criteo_layout(), output_dir=str(out), examples=5)
+    task = ParseTask(criteo_layout(), str(out), str(tmp_path / "counts"), examples=5)
     with pytest.raises(OSError, match="lost its input"):
         list(parse_partition(task, batches()))
     assert list(out.iterdir()) == []
@@ -262,3 +264,37 @@ def test_the_column_checks_agree_with_the_rules_on_random_lines(tmp_path: Path) 
     assert rows.column("_row").to_pylist() == expected
     (block,) = blocks
     assert len(json.loads(block["examples"])) + block["header"] == len(lines) - len(expected)
+
+
+def test_value_counts_per_file_of_the_vocabulary_features(tmp_path: Path) -> None:
+    """Summed over the task's batches, per input file; list elements one by one;
+    missing values and rejected lines not counted; id features have none."""
+    lines = [
+        "1::1::a::x::1::t|u|t::1",
+        "1::0::a::x",
+        "1::0::B::::::|t",
+        "1::0::a::x::1::t::9",  # rejected (slots out of range): not counted
+        "1::1::a::y::2::u::1",  # file 1 from here
+        "1::1::a",
+    ]
+    out, counts = tmp_path / "rows", tmp_path / "counts"
+    out.mkdir()
+    counts.mkdir()
+    table = pa.table(
+        {
+            "_file": pa.array([0, 0, 0, 0, 1, 1], pa.int32()),
+            "_block": pa.array([0, 0, 0, 0, 0, 0], pa.int64()),
+            "_row": pa.array(range(6), pa.int64()),
+            "value": pa.array(lines),
+        }
+    )
+    list(parse_partition(ParseTask(LAYOUT, str(out), str(counts), 5), table.to_batches(2)))
+    (written,) = counts.iterdir()
+    found = {
+        (r["_file"], r["_feature"], r["_value"]): r["_count"]
+        for r in pq.read_table(written).to_pylist()
+    }
+    assert found == {
+        (0, 0, "a"): 2, (0, 0, "B"): 1, (0, 1, "x"): 2, (0, 3, "t"): 3, (0, 3, "u"): 1,
+        (1, 0, "a"): 2, (1, 1, "y"): 1, (1, 3, "u"): 1,
+    }  # fmt: skip
