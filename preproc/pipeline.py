@@ -248,16 +248,18 @@ class _Run:
         return parsed.where(F.col(FILE_COLUMN).isin(files))  # well-formed rows only
 
     def _vocabulary(self, staging: Path) -> dict[str, Any]:
-        from pyspark.sql import functions as F
-
         layout = self.config.layout
         features = layout.vocabulary_columns
         sizes: dict[int, dict[str, int]] = {}
         if features:
-            counts = self.spark.read.parquet(str(self.stages["parse"].directory / "counts"))
-            train = counts.where(F.col(FILE_COLUMN).isin(list(self.config.files_of(TRAIN_MAPPING))))
-            thresholds = self.config.frequency_thresholds
-            sizes = build_vocabularies(train, features, thresholds, staging / "vocabulary")
+            sizes = build_vocabularies(
+                self.spark,
+                self.stages["parse"].directory / "counts",
+                self.config.files_of(TRAIN_MAPPING),
+                features,
+                self.config.frequency_thresholds,
+                staging / "vocabulary",
+            )
         entries = []
         for index, column in enumerate(layout.categorical):
             if column.kind == CategoricalKind.ID:

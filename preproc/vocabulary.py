@@ -6,13 +6,15 @@ stands for missing, rare and unseen values. A variable-length feature counts the
 elements of its lists: each occurrence is one count. Counting the test rows too
 would leak their distribution into training; they are not counted.
 
-Stored as Parquet partitioned by feature: [_value, _count, _id], `_feature=<i>/`.
+Summed from the value counts the parse tasks wrote per input file: by pyarrow on
+the driver when they are few enough (`DRIVER_COUNT_ROWS`), else by Spark. Stored as
+Parquet partitioned by feature: [_value, _count, _id], `_feature=<i>/`.
 """
 
 from __future__ import annotations
 
 import shutil
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -26,8 +28,17 @@ COUNT_COLUMN = "_count"
 ID_COLUMN = "_id"
 
 
+# Up to this many count rows ([file, feature, value, count] as the parse tasks wrote
+# them), the vocabularies are summed and numbered by pyarrow on the driver: no Spark
+# job, whose fixed costs (a cold JVM planning and compiling 3 jobs) would be most of
+# the stage's time; beyond, by Spark.
+DRIVER_COUNT_ROWS = 4_000_000
+
+
 def build_vocabularies(
-    train_counts: DataFrame,
+    spark: SparkSession,
+    counts_dir: Path,
+    train_files: Collection[int],
     features: Sequence[int],
     thresholds: Sequence[int],
     output: Path,
@@ -35,9 +46,10 @@ def build_vocabularies(
     """Sums, thresholds and numbers the values of `features` and writes the result.
 
     Args:
-        train_counts: value counts of the training files, in parts
-            [_feature, _value, _count, ...] (`line_parser.COUNTS_SCHEMA`: a value
-            may have several rows, one per file and parse task).
+        counts_dir: the value counts of the parse tasks (`line_parser.COUNTS_SCHEMA`:
+            [_file, _feature, _value, _count], a value in several rows, one per
+            file and task).
+        train_files: the input file indices whose counts make the vocabularies.
         features: categorical indices (channel order) that get a vocabulary.
         thresholds: per categorical index, the minimum count to get an id.
         output: the Parquet directory to write.
@@ -45,6 +57,67 @@ def build_vocabularies(
     Returns:
         Per feature: {"distinct": values seen in training, "kept": values with an id}.
     """
+    import pyarrow.parquet as pq
+
+    from preproc.line_parser import FILE_COLUMN  # imports this module
+
+    files = sorted(counts_dir.glob("part-*.parquet"))
+    if sum(pq.read_metadata(f).num_rows for f in files) <= DRIVER_COUNT_ROWS:
+        return _build_on_driver(files, train_files, features, thresholds, output)
+    from pyspark.sql import functions as F
+
+    counts = spark.read.parquet(str(counts_dir)).where(F.col(FILE_COLUMN).isin(list(train_files)))
+    return _build_with_spark(counts, features, thresholds, output)
+
+
+def _build_on_driver(
+    files: Sequence[Path],
+    train_files: Collection[int],
+    features: Sequence[int],
+    thresholds: Sequence[int],
+    output: Path,
+) -> dict[int, dict[str, int]]:
+    """`build_vocabularies` with pyarrow, writing what Spark's `partitionBy` would:
+    `_feature=<i>/` with [_value, _count, _id] per feature with a kept value."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    from preproc.line_parser import FILE_COLUMN  # imports this module
+
+    counts = pa.concat_tables([pq.read_table(f) for f in files])
+    train = pa.array(list(train_files), pa.int32())
+    counts = counts.filter(pc.is_in(counts[FILE_COLUMN], value_set=train))
+    summed = (
+        counts.group_by([FEATURE_COLUMN, VALUE_COLUMN])
+        .aggregate([(COUNT_COLUMN, "sum")])
+        .rename_columns({f"{COUNT_COLUMN}_sum": COUNT_COLUMN})
+    )
+    output.mkdir(parents=True, exist_ok=True)
+    sizes = {}
+    for feature in features:
+        values = summed.filter(pc.equal(summed[FEATURE_COLUMN], feature))
+        kept = values.filter(pc.greater_equal(values[COUNT_COLUMN], thresholds[feature]))
+        sizes[feature] = {"distinct": values.num_rows, "kept": kept.num_rows}
+        if not kept.num_rows:
+            continue
+        ordered = kept.sort_by([(COUNT_COLUMN, "descending"), (VALUE_COLUMN, "ascending")])
+        ids = pa.array(np.arange(1, kept.num_rows + 1, dtype=np.int32))
+        table = ordered.select([VALUE_COLUMN, COUNT_COLUMN]).append_column(ID_COLUMN, ids)
+        directory = feature_directory(output, feature)
+        directory.mkdir()
+        pq.write_table(table, directory / "part-00000.parquet")
+    return sizes
+
+
+def _build_with_spark(
+    train_counts: DataFrame,
+    features: Sequence[int],
+    thresholds: Sequence[int],
+    output: Path,
+) -> dict[int, dict[str, int]]:
+    """`build_vocabularies` as Spark jobs, for counts too many for the driver."""
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 

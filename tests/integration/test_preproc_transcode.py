@@ -279,19 +279,22 @@ def raw_lists(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
-@pytest.mark.parametrize("lookup", ["writer", "broadcast_join", "shuffle_join"])
+@pytest.mark.parametrize("size", ["small", "medium", "large"])
 def test_list_columns_write_ids_and_global_offsets(
-    spark: Any, raw_lists: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, lookup: str
+    spark: Any, raw_lists: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, size: str
 ) -> None:
-    """Also the three ways ids are found: small vocabularies by the binary writers,
-    larger ones by a broadcast join, the largest by a shuffle join (forced here by
-    lowering the sizes)."""
+    """Also the paths that depend on the data's size (forced here by lowering the
+    limits): small vocabularies are summed on the driver and looked up by the binary
+    writers; medium ones joined by broadcast; large ones summed by Spark and joined
+    with a shuffle."""
     import preproc.encode
+    import preproc.vocabulary
 
-    if lookup != "writer":
+    if size != "small":
         monkeypatch.setattr(preproc.encode, "WRITER_VOCABULARY_IDS", 0)
-    if lookup == "shuffle_join":
+    if size == "large":
         monkeypatch.setattr(preproc.encode, "BROADCAST_VOCABULARY_IDS", 0)
+        monkeypatch.setattr(preproc.vocabulary, "DRIVER_COUNT_ROWS", 0)
     out = tmp_path / "dataset"
     args = build_parser().parse_args(
         [
@@ -356,7 +359,7 @@ def test_list_columns_write_ids_and_global_offsets(
         path = SplitBinaryFiles.open(spec, mapping).categorical["country"].path
         ids = np.fromfile(path, dtype=features["country"].dtype)
         np.testing.assert_array_equal(ids, [known.get(v, 0) for v in values], err_msg=mapping)
-    if lookup != "writer":
+    if size != "small":
         return
 
     # main.py trains on it: the list features pooled by mean, evaluated.
