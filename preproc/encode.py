@@ -209,7 +209,9 @@ def write_ordered(
     ]
     tasks = (
         ordered.repartition(partitions, F.col(BUCKET_COLUMN))
-        .sortWithinPartitions(BUCKET_COLUMN, ORDER_COLUMN, FILE_COLUMN, LINE_COLUMN)
+        # The bucket never decreases with the order, so this is also bucket order;
+        # a long first key lets Spark's sort compare 8-byte prefixes.
+        .sortWithinPartitions(ORDER_COLUMN, FILE_COLUMN, LINE_COLUMN)
         .select(*columns)
     )
     Path(part.parts_dir).mkdir(parents=True, exist_ok=True)
