@@ -250,7 +250,11 @@ def build_session(
             pooling=model_config.poolings,
         )
     model = Dlrm(
-        model_config, embeddings=embeddings, dtype_policy=precision.dtype_policy, seed=config.seed
+        model_config,
+        embeddings=embeddings,
+        dtype_policy=precision.dtype_policy,
+        seed=config.seed,
+        xla=config.xla,
     )
     trainer = None
     if config.mode == "train":

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import numpy as np
@@ -57,6 +58,7 @@ def _autodiff_reference(dense: Any, embeddings: Any) -> Any:
         (CHUNK_ROWS * 2 + 37, "eager"),  # two full chunks and a remainder
         (CHUNK_ROWS * 2 + 37, "function"),
         (CHUNK_ROWS + 1, "xla"),
+        (CHUNK_ROWS * 2 + 37, "xla_whole"),  # as --xla runs it: one product, no chunks
         (CHUNK_ROWS + 1, "unknown_batch"),  # batch size unknown when traced: one product
     ],
 )
@@ -75,16 +77,16 @@ def test_values_and_gradients_match_autodiff(rows: int, compile_as: str) -> None
 
         if compile_as == "function":
             return tf.function(run)
-        if compile_as == "xla":
+        if compile_as in ("xla", "xla_whole"):
             return tf.function(run, jit_compile=True)
         if compile_as == "unknown_batch":
             signature = [tf.TensorSpec([None, 5]), tf.TensorSpec([None, 6, 5])]
             return tf.function(run, input_signature=signature)
         return run
 
-    out, (dense_gradient, embeddings_gradient) = value_and_gradients(dot_interaction)(
-        dense, embeddings
-    )
+    chunk_rows = None if compile_as == "xla_whole" else CHUNK_ROWS
+    interaction = functools.partial(dot_interaction, chunk_rows=chunk_rows)
+    out, (dense_gradient, embeddings_gradient) = value_and_gradients(interaction)(dense, embeddings)
     want, (want_dense, want_embeddings) = value_and_gradients(_autodiff_reference)(
         dense, embeddings
     )

@@ -150,3 +150,21 @@ def test_serving_takes_int64_ids_only_when_a_table_needs_them() -> None:
 
     assert serving_id_dtype((23, 2**31)) == tf.int32  # ids up to 2^31 - 1
     assert serving_id_dtype((23, 2**31 + 1)) == tf.int64
+
+
+def test_under_xla_the_dot_interaction_runs_whole_batch_products() -> None:
+    """Its chunks only add buffers under XLA; the same weights give the same logits."""
+    from dlrm.interaction import CHUNK_ROWS
+
+    rng = np.random.default_rng(3)
+    rows = CHUNK_ROWS + 5
+    numerical = rng.random((rows, 5), dtype=np.float32)
+    ids = np.stack([rng.integers(0, c, rows) for c in CARDINALITIES], axis=1).astype(np.int32)
+    chunked, whole = Dlrm(config(), seed=4), Dlrm(config(), seed=4, xla=True)
+    assert chunked.interaction.chunk_rows == CHUNK_ROWS and whole.interaction.chunk_rows is None
+    chunked(numerical, ids)
+    whole(numerical, ids)
+    whole.set_weights(chunked.get_weights())
+    np.testing.assert_allclose(
+        whole(numerical, ids).numpy(), chunked(numerical, ids).numpy(), rtol=1e-5, atol=1e-6
+    )
