@@ -254,7 +254,7 @@ def build_session(
         embeddings=embeddings,
         dtype_policy=precision.dtype_policy,
         seed=config.seed,
-        xla=config.xla,
+        use_xla=config.xla,
     )
     trainer = None
     if config.mode == "train":

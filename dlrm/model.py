@@ -185,7 +185,7 @@ class Dlrm(keras.Model):
             given by the caller should too: `output_dtype`, else the model casts
             them, holding both); under --amp they cross the alltoall in 16 bits.
         seed: seeds the default embeddings' initial values.
-        xla: the dense part will be compiled by XLA (`--xla`): the dot
+        use_xla: the dense part will be compiled by XLA (`--xla`): the dot
             interaction then runs its products over the whole batch, not in
             chunks (see `dlrm.interaction`).
     """
@@ -196,7 +196,7 @@ class Dlrm(keras.Model):
         embeddings: keras.layers.Layer | None = None,
         dtype_policy: str = "float32",
         seed: int = 0,
-        xla: bool = False,
+        use_xla: bool = False,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -225,7 +225,7 @@ class Dlrm(keras.Model):
                 dtype=dtype_policy,
             )
         else:
-            chunk_rows = None if xla else CHUNK_ROWS
+            chunk_rows = None if use_xla else CHUNK_ROWS
             self.interaction = DotInteraction(chunk_rows=chunk_rows, dtype=dtype_policy)
         self.top_mlp = mlp(
             config.top_mlp_dims, "top_mlp", final_activation=None, dtype_policy=dtype_policy

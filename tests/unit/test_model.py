@@ -160,7 +160,7 @@ def test_under_xla_the_dot_interaction_runs_whole_batch_products() -> None:
     rows = CHUNK_ROWS + 5
     numerical = rng.random((rows, 5), dtype=np.float32)
     ids = np.stack([rng.integers(0, c, rows) for c in CARDINALITIES], axis=1).astype(np.int32)
-    chunked, whole = Dlrm(config(), seed=4), Dlrm(config(), seed=4, xla=True)
+    chunked, whole = Dlrm(config(), seed=4), Dlrm(config(), seed=4, use_xla=True)
     assert chunked.interaction.chunk_rows == CHUNK_ROWS and whole.interaction.chunk_rows is None
     chunked(numerical, ids)
     whole(numerical, ids)
