@@ -90,9 +90,6 @@ class PartFormat:
                     f"({len(self.cardinalities)}), got {len(given)}"
                 )
 
-    def vocabulary(self, index: int) -> str | None:
-        return self.vocabularies[index] if self.vocabularies else None
-
     def is_variable_length(self, index: int) -> bool:
         return bool(self.variable_length) and self.variable_length[index]
 
@@ -155,7 +152,11 @@ def write_partition(part: PartFormat, batches: Iterable[pa.RecordBatch]) -> Iter
     order, rows sorted by bucket; no value is null (a list may be empty).
     """
     stats = PartStats.empty(part)
-    segments = (s for batch in batches for s in _segments(part, batch))
+    vocabularies = [
+        None if directory is None else _vocabulary(directory)
+        for directory in part.vocabularies or [None] * len(part.cardinalities)
+    ]
+    segments = (s for batch in batches for s in _segments(part, batch, vocabularies))
     for bucket, bucket_segments in itertools.groupby(segments, key=lambda s: s.bucket):
         final = Path(part.parts_dir) / f"{bucket:06d}"
         # Staged under a name of its own: another attempt of the same task (a
@@ -191,8 +192,11 @@ STATS_SCHEMA = pa.schema(
 )
 
 
-def _segments(part: PartFormat, batch: pa.RecordBatch) -> Iterator[_Segment]:
-    """The rows of `batch` as arrays, cut where the bucket changes."""
+def _segments(
+    part: PartFormat, batch: pa.RecordBatch, vocabularies: Sequence[_Vocabulary | None]
+) -> Iterator[_Segment]:
+    """The rows of `batch` as arrays, cut where the bucket changes; a column with a
+    vocabulary as its values' ids."""
     if batch.num_rows == 0:
         return
     bucket = batch.column(0).to_numpy()
@@ -204,7 +208,7 @@ def _segments(part: PartFormat, batch: pa.RecordBatch) -> Iterator[_Segment]:
     categorical = []
     for i in range(len(part.cardinalities)):
         column = batch.column(2 + n_num + i)
-        vocabulary = part.vocabulary(i)
+        vocabulary = vocabularies[i]
         if vocabulary is not None:
             column = _look_up(vocabulary, column)
         if part.is_variable_length(i):
@@ -228,29 +232,41 @@ def _segments(part: PartFormat, batch: pa.RecordBatch) -> Iterator[_Segment]:
         )
 
 
-# Per worker process (Spark reuses them across tasks): vocabulary directory ->
-# (its values, ids with 0 prepended: ids[position + 1] is the id of values[position]).
-_VOCABULARIES: dict[str, tuple[pa.Array, np.ndarray]] = {}
+# A vocabulary as the writers use it: its values, and ids with 0 prepended
+# (ids[position + 1] is the id of values[position]).
+_Vocabulary = tuple[pa.Array, np.ndarray]
+# Per worker process (Spark reuses them across tasks and jobs): vocabulary
+# directory -> (the identity of its files, the vocabulary).
+_VOCABULARIES: dict[str, tuple[tuple[tuple[str, int, int, int], ...], _Vocabulary]] = {}
 
 
-def _vocabulary(directory: str) -> tuple[pa.Array, np.ndarray]:
-    if directory not in _VOCABULARIES:
-        files = sorted(Path(directory).glob("*.parquet")) if Path(directory).is_dir() else []
-        tables = [pq.read_table(f, columns=[VALUE_COLUMN, ID_COLUMN]) for f in files]
-        if tables:
-            table = pa.concat_tables(tables)
-            values = table.column(VALUE_COLUMN).combine_chunks()
-            ids = table.column(ID_COLUMN).to_numpy()
-        else:  # no value was kept: every id is 0
-            values, ids = pa.array([], pa.string()), np.zeros(0, np.int64)
-        _VOCABULARIES[directory] = (values, np.concatenate([[0], ids]).astype(np.int64))
-    return _VOCABULARIES[directory]
+def _vocabulary(directory: str) -> _Vocabulary:
+    """The vocabulary in `directory`, read again only when its files changed (a
+    later run in the same Spark session may rewrite the same directory)."""
+    path = Path(directory)
+    files = sorted(path.glob("*.parquet")) if path.is_dir() else []
+    identity = tuple(
+        (f.name, s.st_ino, s.st_size, s.st_mtime_ns) for f, s in ((f, f.stat()) for f in files)
+    )
+    cached = _VOCABULARIES.get(directory)
+    if cached is not None and cached[0] == identity:
+        return cached[1]
+    tables = [pq.read_table(f, columns=[VALUE_COLUMN, ID_COLUMN]) for f in files]
+    if tables:
+        table = pa.concat_tables(tables)
+        values = table.column(VALUE_COLUMN).combine_chunks()
+        ids = table.column(ID_COLUMN).to_numpy()
+    else:  # no value was kept: every id is 0
+        values, ids = pa.array([], pa.string()), np.zeros(0, np.int64)
+    vocabulary = (values, np.concatenate([[0], ids]).astype(np.int64))
+    _VOCABULARIES[directory] = (identity, vocabulary)
+    return vocabulary
 
 
-def _look_up(directory: str, column: pa.Array) -> pa.Array:
+def _look_up(vocabulary: _Vocabulary, column: pa.Array) -> pa.Array:
     """The ids of `column`'s values (missing, rare, unseen: 0); a list column's
     elements one by one, the lists kept."""
-    values, ids = _vocabulary(directory)
+    values, ids = vocabulary
     elements = pc.list_flatten(column) if pa.types.is_list(column.type) else column
     if len(values):
         positions = pc.fill_null(pc.index_in(elements, value_set=values), -1).to_numpy()

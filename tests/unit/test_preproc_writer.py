@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -284,3 +285,25 @@ def test_values_are_looked_up_in_the_vocabulary_by_the_writer(tmp_path: Path) ->
 def test_one_vocabulary_per_categorical_feature() -> None:
     with pytest.raises(ValueError, match=r"vocabularies: expected one entry per categorical"):
         PartFormat("parts", 0, DTYPES, CARDINALITIES, vocabularies=(None,))
+
+
+def test_a_later_run_with_a_new_vocabulary_at_the_same_path_gets_its_ids(tmp_path: Path) -> None:
+    """Spark reuses a Python worker across jobs: a vocabulary rewritten at the same
+    path (a rerun with another threshold, same output directory) must be read anew."""
+    import pyarrow.parquet as pq
+
+    colors = tmp_path / "vocabulary" / "_feature=0"
+    part = PartFormat(str(tmp_path / "_parts"), 0, ("int8",), (3,), vocabularies=(str(colors),))
+    table = pa.table({"bucket": pa.array([0, 0], pa.int32()), "label": [True, False]})
+    table = table.append_column("color", pa.array(["red", "blue"]))
+    found = []
+    for kept in (["red", "blue"], ["blue"]):
+        shutil.rmtree(colors.parent, ignore_errors=True)
+        colors.mkdir(parents=True)
+        ids = pa.array(range(1, len(kept) + 1), pa.int32())
+        vocabulary = pa.table({"_value": kept, "_count": [5] * len(kept), "_id": ids})
+        pq.write_table(vocabulary, colors / "part-00000.parquet")
+        list(write_partition(part, table.to_batches()))
+        concatenate_parts(part, tmp_path)
+        found.append(np.fromfile(tmp_path / "cat_0.bin", np.int8).tolist())
+    assert found == [[1, 2], [0, 1]]
