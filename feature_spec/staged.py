@@ -46,19 +46,37 @@ def write_file_atomically(path: str | os.PathLike[str], data: str | bytes) -> Pa
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    partial = staging_path(path)
     payload = data.encode() if isinstance(data, str) else data
+    with staged_file(path) as partial, open(partial, "wb") as out:
+        out.write(payload)
+        out.flush()
+        os.fsync(out.fileno())
+    _fsync_directory(path.parent)
+    return path
+
+
+@contextlib.contextmanager
+def staged_file(path: str | os.PathLike[str], *, unique: bool = False) -> Iterator[Path]:
+    """A hidden path beside file `path` to write it at: renamed to `path` when the
+    block completes (replacing it whole), removed when it raises.
+
+    Args:
+        path: the file to write.
+        unique: name the partial file `.<name>.<random>.partial` instead of
+            `.<name>.partial`, for writers of the same file that may run at the same
+            time (retried Spark tasks).
+    """
+    path = Path(path)
+    if unique:
+        partial = path.with_name(f".{path.name}.{uuid.uuid4().hex}{PARTIAL_SUFFIX}")
+    else:
+        partial = staging_path(path)
     try:
-        with open(partial, "wb") as out:
-            out.write(payload)
-            out.flush()
-            os.fsync(out.fileno())
+        yield partial
         os.replace(partial, path)
     except BaseException:
         partial.unlink(missing_ok=True)
         raise
-    _fsync_directory(path.parent)
-    return path
 
 
 def start_staging(

@@ -25,10 +25,8 @@ empty list, an empty element of a list a missing value (null).
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
-import os
 import re
 import uuid
 from collections.abc import Iterable, Iterator
@@ -40,6 +38,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from feature_spec.staged import staged_file
 from preproc.layout import (
     LABEL_COLUMN,
     CategoricalColumn,
@@ -146,16 +145,18 @@ def row_schema(layout: InputLayout) -> pa.Schema:
 def parse_partition(task: ParseTask, batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     """The body of a parse task (`mapInArrow`): batches of [_file, _block, _row,
     value] lines in; one Parquet file of the well-formed rows and one of their value
-    counts written (each staged under a hidden name, renamed into place when
-    complete); `BLOCK_SCHEMA` rows out."""
+    counts written (each staged under a hidden name of its own and renamed into
+    place when complete: a retried task replaces it whole, and Spark and pyarrow
+    skip hidden files); `BLOCK_SCHEMA` rows out."""
     parser = _Parser(task.layout)
-    schema = row_schema(task.layout)
+    schema = parser.schema
     blocks: dict[tuple[int, int], _BlockCounts] = {}
     counts = _ValueCounts(task.layout)
     name = f"part-{_part_id()}.parquet"
     pending: list[pa.RecordBatch] = []
     pending_rows = 0
-    with _staged(Path(task.output_dir) / name) as staging, pq.ParquetWriter(staging, schema) as out:
+    rows_file = staged_file(Path(task.output_dir) / name, unique=True)
+    with rows_file as staging, pq.ParquetWriter(staging, schema) as out:
         for batch in batches:
             if batch.num_rows == 0:
                 continue
@@ -168,25 +169,13 @@ def parse_partition(task: ParseTask, batches: Iterable[pa.RecordBatch]) -> Itera
                 pending, pending_rows = [], 0
         if pending:
             out.write_table(pa.Table.from_batches(pending, schema))
-    with _staged(Path(task.counts_dir) / name) as staging:
+    with staged_file(Path(task.counts_dir) / name, unique=True) as staging:
         pq.write_table(counts.table(), staging)
     if blocks:
         yield pa.RecordBatch.from_pylist(
             [counts.to_row(file, block) for (file, block), counts in blocks.items()],
             schema=BLOCK_SCHEMA,
         )
-
-
-@contextlib.contextmanager
-def _staged(final: Path) -> Iterator[Path]:
-    """A hidden path to write `final` at, renamed to it on success (a retried task
-    replaces it whole; Spark and pyarrow skip hidden files), removed on failure."""
-    staging = final.with_name(f".{final.name}.{uuid.uuid4().hex}")
-    try:
-        yield staging
-        os.replace(staging, final)
-    finally:
-        staging.unlink(missing_ok=True)
 
 
 class _ValueCounts:
@@ -280,6 +269,7 @@ class _Parser:
             pa.int64() if layout.numerical_kind == NumericalKind.INTEGER else pa.float64()
         )
         self.checks = {kind: re.compile(pattern) for kind, pattern in PATTERNS.items()}
+        self.schema = row_schema(layout)
 
     # ------------------------------------------------------------ vectorised
 
@@ -321,14 +311,14 @@ class _Parser:
             elif column.kind != CategoricalKind.TOKEN:
                 good &= self._valid_value(column, text)
 
-        label = field(self.label_position)
-        self._count(batch, good, label, blocks, examples, lines)
+        clicked = pc.equal(field(self.label_position), "1")
+        self._count(batch, good, _numpy(clicked), blocks, examples, lines)
         keep = pa.array(good)
         columns: list[pa.Array] = [
             batch.column(FILE_COLUMN).filter(keep),
             batch.column(BLOCK_COLUMN).filter(keep),
             batch.column(ROW_COLUMN).filter(keep),
-            pc.equal(label.filter(keep), "1"),
+            clicked.filter(keep),
         ]
         for position in self.numerical_positions:
             columns.append(
@@ -343,7 +333,7 @@ class _Parser:
             columns.append(
                 pc.cast(values, pa.int64()) if column.kind == CategoricalKind.ID else values
             )
-        return pa.RecordBatch.from_arrays(columns, schema=row_schema(layout))
+        return pa.RecordBatch.from_arrays(columns, schema=self.schema)
 
     def _valid(self, text: pa.Array, pattern: str) -> pa.Array:
         return pc.or_(pc.equal(text, ""), pc.match_substring_regex(text, pattern))
@@ -387,7 +377,7 @@ class _Parser:
         self,
         batch: pa.RecordBatch,
         good: np.ndarray,
-        label: pa.Array,
+        clicked: np.ndarray,
         blocks: dict[tuple[int, int], _BlockCounts],
         examples: int,
         lines: pa.Array,
@@ -395,7 +385,7 @@ class _Parser:
         files = batch.column(FILE_COLUMN).to_numpy()
         starts = batch.column(BLOCK_COLUMN).to_numpy()
         rows = batch.column(ROW_COLUMN).to_numpy()
-        positive = good & _numpy(pc.equal(label, "1"))
+        positive = good & clicked
         # A batch holds consecutive lines of one or more blocks.
         cuts = np.flatnonzero((files[1:] != files[:-1]) | (starts[1:] != starts[:-1])) + 1
         for begin, end in zip([0, *cuts], [*cuts, len(files)], strict=True):

@@ -13,6 +13,7 @@ import pytest
 from feature_spec.staged import (
     publish,
     staged_directory,
+    staged_file,
     staging_path,
     start_staging,
     write_file_atomically,
@@ -143,3 +144,19 @@ def test_publish_puts_the_old_output_back_when_the_rename_fails(tmp_path: Path) 
         publish(staging, output)
     assert (output / "manifest.json").read_text() == "old"
     assert hidden(tmp_path) == []
+
+
+def test_unique_staged_files_are_hidden_apart_and_replace_the_file(tmp_path: Path) -> None:
+    target = tmp_path / "part-00001.parquet"
+    target.write_text("first attempt")
+    with staged_file(target, unique=True) as one, staged_file(target, unique=True) as two:
+        assert one != two and one.parent == two.parent == tmp_path
+        assert re.fullmatch(r"\.part-00001\.parquet\.[0-9a-f]{32}\.partial", one.name)
+        one.write_text("second attempt")
+        two.write_text("third attempt")
+    assert target.read_text() == "second attempt"  # the outer block completes last
+    assert hidden(tmp_path) == []
+    with pytest.raises(OSError, match="disk full"), staged_file(target, unique=True) as failed:
+        failed.write_text("half")
+        raise OSError("disk full")
+    assert target.read_text() == "second attempt" and hidden(tmp_path) == []
