@@ -29,6 +29,10 @@ Console = Callable[[str], None]
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 RAPIDS_PLUGIN_CLASS = "com.nvidia.spark.SQLPlugin"
 JIT_OPTIONS = "-XX:-DontCompileHugeMethods"
+# In local mode the driver's JVM also runs every task. HotSpot's throughput
+# collector made the whole pipeline 7% faster there than its default G1 (same
+# peak memory); cluster executors keep G1, whose pauses stay short on large heaps.
+LOCAL_DRIVER_OPTIONS = f"{JIT_OPTIONS} -XX:+UseParallelGC"
 ARROW_BATCH_ROWS = 1 << 16
 _MEMORY = re.compile(r"^[1-9][0-9]*[kmgtp]?$", re.IGNORECASE)
 
@@ -114,7 +118,9 @@ def spark_conf(settings: SparkSettings) -> dict[str, str]:
         "spark.sql.debug.maxToStringFields": "256",
         # Rows of 40+ columns make generated methods larger than HotSpot compiles by
         # default (8000 bytes of bytecode); compiling them anyway is 20-30% faster here.
-        "spark.driver.extraJavaOptions": JIT_OPTIONS,
+        "spark.driver.extraJavaOptions": (
+            LOCAL_DRIVER_OPTIONS if settings.is_local else JIT_OPTIONS
+        ),
         "spark.executor.extraJavaOptions": JIT_OPTIONS,
         # Rows per Arrow batch handed to the Python workers (Spark's default: 10,000):
         # fewer, larger calls into pyarrow, and the writers' vocabulary lookups

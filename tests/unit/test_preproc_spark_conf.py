@@ -18,6 +18,12 @@ def test_local_defaults() -> None:
     assert (PROJECT_ROOT / "preproc" / "partition_writer.py").is_file()
     assert not any(key.startswith("spark.rapids") or key == "spark.plugins" for key in conf)
     assert "spark.driver.memory" not in conf  # Spark's default unless asked
+    # The local driver runs the tasks: throughput collector; executors keep G1.
+    assert conf["spark.driver.extraJavaOptions"].split() == [
+        "-XX:-DontCompileHugeMethods",
+        "-XX:+UseParallelGC",
+    ]
+    assert conf["spark.executor.extraJavaOptions"] == "-XX:-DontCompileHugeMethods"
 
 
 def test_memory_local_dir_and_overrides() -> None:
@@ -35,6 +41,8 @@ def test_memory_local_dir_and_overrides() -> None:
     assert conf["spark.executor.memory"] == "64g"
     assert conf["spark.local.dir"] == "/scratch/spark"
     assert conf["spark.sql.shuffle.partitions"] == "2000"
+    # A cluster's driver runs no tasks: HotSpot's default collector.
+    assert conf["spark.driver.extraJavaOptions"] == "-XX:-DontCompileHugeMethods"
 
 
 @pytest.mark.parametrize(
