@@ -17,6 +17,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from preproc.config import NumericalTransform
 from preproc.layout import (
     LABEL_COLUMN,
@@ -49,9 +51,12 @@ BUCKET_COLUMN = "_bucket"
 # shuffle.
 WRITER_VOCABULARY_IDS = 1 << 16
 BROADCAST_VOCABULARY_IDS = 2_000_000
-# Buckets per output partition: a hash partitioner puts several buckets in one task;
-# more buckets than tasks keep the tasks' sizes even.
+# Buckets per output partition: task t writes buckets [4t, 4t + 4) (`bucket_partition`).
 BUCKETS_PER_PARTITION = 4
+# Spark's hash partitioning of a row into n partitions: pmod(hash(key), n), where
+# hash is Murmur3 x86 32-bit with this seed (Spark's `hash` function).
+_SPARK_HASH_SEED = 42
+_UINT32 = np.uint64(0xFFFFFFFF)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -198,7 +203,6 @@ def write_ordered(
     buckets: int,
 ) -> PartStats:
     """Writes the rows of `ordered` (with `_order`, `_bucket`) as split binary files."""
-    from pyspark.sql import functions as F
     from pyspark.sql.pandas.types import from_arrow_schema
 
     columns = [
@@ -208,7 +212,7 @@ def write_ordered(
         *(categorical_column(i) for i in range(len(layout.categorical))),
     ]
     tasks = (
-        ordered.repartition(partitions, F.col(BUCKET_COLUMN))
+        ordered.repartition(partitions, bucket_partition(partitions, buckets))
         # The bucket never decreases with the order, so this is also bucket order;
         # a long first key lets Spark's sort compare 8-byte prefixes.
         .sortWithinPartitions(ORDER_COLUMN, FILE_COLUMN, LINE_COLUMN)
@@ -221,6 +225,62 @@ def write_ordered(
         total.add(PartStats(**row.asDict()))
     concatenate_parts(part, output_dir)
     return total
+
+
+def bucket_partition(partitions: int, buckets: int) -> Column:
+    """The key to hash-partition rows by so that the rows of bucket b go to task
+    b * partitions // buckets: consecutive buckets, equally many per task.
+
+    Hashing the bucket itself would put a random number of buckets in each task
+    (8 buckets into 2 tasks came out 3 and 5: one task wrote 62% of the rows while
+    the other idled). So each task gets a key that Spark's hash sends to it. Were
+    Spark to hash otherwise, every bucket would still go to one task whole: the
+    output would be the same, only the tasks' sizes uneven.
+    """
+    from pyspark.sql import functions as F
+
+    keys = partition_keys(partitions)
+    per_bucket = ",".join(str(keys[b * partitions // buckets]) for b in range(buckets))
+    return F.expr(f"element_at(array({per_bucket}), {BUCKET_COLUMN} + 1)")
+
+
+def partition_keys(partitions: int) -> list[int]:
+    """Per partition p, the least int key >= 0 that Spark's hash partitioning into
+    `partitions` partitions sends to p."""
+    keys = np.full(partitions, -1, dtype=np.int64)
+    start = 0
+    while (keys < 0).any():
+        candidates = np.arange(start, start + 8 * partitions + 64, dtype=np.int64)
+        targets = spark_int_hash(candidates) % partitions
+        found, first = np.unique(targets, return_index=True)
+        unset = keys[found] < 0
+        keys[found[unset]] = candidates[first[unset]]
+        start += len(candidates)
+    return [int(k) for k in keys]
+
+
+def spark_int_hash(keys: np.ndarray) -> np.ndarray:
+    """Spark's `hash(k)` of int keys in [0, 2^31) (Murmur3 x86 32-bit of the 4-byte
+    int, seed 42), as int64 holding the signed 32-bit result."""
+
+    def rotate_left(x: np.ndarray, bits: int) -> np.ndarray:
+        return ((x << np.uint64(bits)) | (x >> np.uint64(32 - bits))) & _UINT32
+
+    k = keys.astype(np.uint64)
+    k = (k * np.uint64(0xCC9E2D51)) & _UINT32
+    k = rotate_left(k, 15)
+    k = (k * np.uint64(0x1B873593)) & _UINT32
+    h = np.uint64(_SPARK_HASH_SEED) ^ k
+    h = rotate_left(h, 13)
+    h = (h * np.uint64(5) + np.uint64(0xE6546B64)) & _UINT32
+    h ^= np.uint64(4)  # the key's length in bytes
+    h ^= h >> np.uint64(16)
+    h = (h * np.uint64(0x85EBCA6B)) & _UINT32
+    h ^= h >> np.uint64(13)
+    h = (h * np.uint64(0xC2B2AE35)) & _UINT32
+    h ^= h >> np.uint64(16)
+    signed = h.astype(np.int64)
+    return np.where(signed >= 1 << 31, signed - (1 << 32), signed)
 
 
 def plan_partitions(rows: int, parallelism: int, rows_per_partition: int) -> tuple[int, int]:
