@@ -30,6 +30,7 @@ from preproc.config import PipelineConfig
 from preproc.encode import Ordering, encode, order_columns, plan_partitions, write_ordered
 from preproc.errors import PreprocessingError
 from preproc.layout import CategoricalKind
+from preproc.line_parser import row_schema
 from preproc.output_spec import dataset_spec
 from preproc.parse import (
     FILE_COLUMN,
@@ -242,8 +243,12 @@ class _Run:
 
     def _parsed_rows(self, mapping: str) -> DataFrame:
         from pyspark.sql import functions as F
+        from pyspark.sql.pandas.types import from_arrow_schema
 
-        parsed = self.spark.read.parquet(str(self.stages["parse"].directory / "rows"))
+        # The schema given: inferring it would run a Spark job to read a footer.
+        schema = from_arrow_schema(row_schema(self.config.layout))
+        rows = self.stages["parse"].directory / "rows"
+        parsed = self.spark.read.schema(schema).parquet(str(rows))
         files = list(self.config.files_of(mapping))
         return parsed.where(F.col(FILE_COLUMN).isin(files))  # well-formed rows only
 
