@@ -33,6 +33,11 @@ JIT_OPTIONS = "-XX:-DontCompileHugeMethods"
 # collector made the whole pipeline 7% faster there than its default G1 (same
 # peak memory); cluster executors keep G1, whose pauses stay short on large heaps.
 LOCAL_DRIVER_OPTIONS = f"{JIT_OPTIONS} -XX:+UseParallelGC"
+# The driver JVM maps Spark's classes from this archive when it exists
+# (`preproc.class_archive`, written by `make install`); CDS's own messages are off:
+# an archive of another JDK or other jars is ignored, without a warning per run.
+CLASS_ARCHIVE_NAME = "spark-classes.jsa"
+CLASS_ARCHIVE_OPTIONS = "-Xlog:cds=off,cds+dynamic=off"
 ARROW_BATCH_ROWS = 1 << 16
 _MEMORY = re.compile(r"^[1-9][0-9]*[kmgtp]?$", re.IGNORECASE)
 
@@ -43,7 +48,8 @@ def print_to_stderr(line: str) -> None:
 
 @dataclasses.dataclass(frozen=True)
 class SparkSettings:
-    """How to run Spark. Every field maps to a command-line flag of the same name.
+    """How to run Spark. Every field but `use_class_archive` maps to a command-line
+    flag of the same name.
 
     Attributes:
         spark_master: `local[*]` (all cores of this machine), `local[N]`, or a
@@ -59,6 +65,9 @@ class SparkSettings:
         gpu_discovery_script: Spark's `getGpusResources.sh`, for cluster masters.
         gpu_pinned_memory: host pinned memory pool of the RAPIDS Accelerator.
         spark_conf: extra `key=value` settings, applied last (they win).
+        use_class_archive: in local mode, map Spark's classes from the archive
+            `make install` wrote (`class_archive_path`), if there is one. A
+            `spark.driver.extraJavaOptions` in `spark_conf` replaces it too.
     """
 
     spark_master: str = "local[*]"
@@ -72,6 +81,7 @@ class SparkSettings:
     gpu_discovery_script: str | None = None
     gpu_pinned_memory: str = "2g"
     spark_conf: tuple[tuple[str, str], ...] = ()
+    use_class_archive: bool = True
 
     @property
     def is_local(self) -> bool:
@@ -118,9 +128,7 @@ def spark_conf(settings: SparkSettings) -> dict[str, str]:
         "spark.sql.debug.maxToStringFields": "256",
         # Rows of 40+ columns make generated methods larger than HotSpot compiles by
         # default (8000 bytes of bytecode); compiling them anyway is 20-30% faster here.
-        "spark.driver.extraJavaOptions": (
-            LOCAL_DRIVER_OPTIONS if settings.is_local else JIT_OPTIONS
-        ),
+        "spark.driver.extraJavaOptions": _driver_options(settings),
         "spark.executor.extraJavaOptions": JIT_OPTIONS,
         # Rows per Arrow batch handed to the Python workers (Spark's default: 10,000):
         # fewer, larger calls into pyarrow, and the writers' vocabulary lookups
@@ -191,6 +199,24 @@ def _rapids_conf(settings: SparkSettings) -> dict[str, str]:
             )
         conf["spark.executor.resource.gpu.discoveryScript"] = str(script.resolve())
     return conf
+
+
+def class_archive_path() -> Path:
+    """Where `make install` writes the class archive: in the running virtual
+    environment, whose pyspark jars it was made from."""
+    return Path(sys.prefix) / CLASS_ARCHIVE_NAME
+
+
+def _driver_options(settings: SparkSettings) -> str:
+    """The driver JVM's options: in local mode the throughput collector and, when
+    there is one, the class archive (not with RAPIDS, whose jar changes the class
+    path the archive was made for)."""
+    if not settings.is_local:
+        return JIT_OPTIONS
+    archive = class_archive_path()
+    if settings.use_class_archive and not settings.gpu and archive.is_file():
+        return f"{LOCAL_DRIVER_OPTIONS} -XX:SharedArchiveFile={archive} {CLASS_ARCHIVE_OPTIONS}"
+    return LOCAL_DRIVER_OPTIONS
 
 
 def start_spark(settings: SparkSettings, console: Console = print_to_stderr) -> SparkSession:

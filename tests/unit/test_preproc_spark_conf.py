@@ -11,6 +11,15 @@ from preproc.errors import PreprocessingError
 from preproc.spark import PROJECT_ROOT, RAPIDS_PLUGIN_CLASS, SparkSettings, spark_conf
 
 
+@pytest.fixture(autouse=True)
+def no_class_archive(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
+    """The archive path, with no archive there (`make install` writes one into the
+    venv); a test that wants one writes it."""
+    archive = tmp_path / "spark-classes.jsa"
+    monkeypatch.setattr("preproc.spark.class_archive_path", lambda: archive)
+    return archive
+
+
 def test_local_defaults() -> None:
     conf = spark_conf(SparkSettings())
     assert conf["spark.master"] == "local[*]"
@@ -69,8 +78,10 @@ def rapids_jar(tmp_path: Path) -> Path:
     return jar
 
 
-def test_gpu_settings_local(rapids_jar: Path) -> None:
+def test_gpu_settings_local(rapids_jar: Path, no_class_archive: Path) -> None:
+    no_class_archive.write_bytes(b"archive")  # made without the RAPIDS jar: not used
     conf = spark_conf(SparkSettings(spark_master="local[4]", gpu=True, rapids_jar=str(rapids_jar)))
+    assert "SharedArchiveFile" not in conf["spark.driver.extraJavaOptions"]
     assert conf["spark.plugins"] == RAPIDS_PLUGIN_CLASS == "com.nvidia.spark.SQLPlugin"
     assert conf["spark.jars"] == str(rapids_jar.resolve())
     assert conf["spark.driver.extraClassPath"] == str(rapids_jar.resolve())
@@ -114,3 +125,20 @@ def test_gpu_settings_cluster(rapids_jar: Path, tmp_path: Path) -> None:
                 spark_conf=(("spark.executor.cores", "0"),),
             )
         )
+
+
+def test_local_driver_maps_the_class_archive_when_there_is_one(no_class_archive: Path) -> None:
+    no_class_archive.write_bytes(b"archive")
+    options = spark_conf(SparkSettings()).get("spark.driver.extraJavaOptions", "").split()
+    assert options == [
+        "-XX:-DontCompileHugeMethods",
+        "-XX:+UseParallelGC",
+        f"-XX:SharedArchiveFile={no_class_archive}",
+        "-Xlog:cds=off,cds+dynamic=off",
+    ]
+    # Not when asked not to, not for a cluster's driver, not with the RAPIDS jar.
+    for settings in (
+        SparkSettings(use_class_archive=False),
+        SparkSettings(spark_master="spark://head:7077"),
+    ):
+        assert "SharedArchiveFile" not in spark_conf(settings)["spark.driver.extraJavaOptions"]
