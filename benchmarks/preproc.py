@@ -33,8 +33,7 @@ import psutil
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
 from benchmarks.process_tree import tree_cpu_seconds, tree_rss
-from preproc.config import InputFile, NumericalTransform, PipelineConfig
-from preproc.layout import criteo_layout
+from preproc.config import last_day_test_config
 from preproc.pipeline import run_pipeline
 from preproc.spark import SparkSettings, parse_conf_items, print_to_stderr, start_spark
 
@@ -115,18 +114,8 @@ def main() -> None:
             f"({time.perf_counter() - start:.1f} s)",
             flush=True,
         )
-        layout = criteo_layout()
-        config = PipelineConfig(
-            layout=layout,
-            files=tuple(
-                InputFile.of(p, "test" if i == len(files) - 1 else "train")
-                for i, p in enumerate(files)
-            ),
-            mappings=("train", "test"),
-            output_dir=work / "dataset",
-            frequency_thresholds=(args.frequency_threshold,) * len(layout.categorical),
-            numerical_transform=NumericalTransform.LOG,
-            overwrite=True,
+        config = last_day_test_config(
+            files, work / "dataset", args.frequency_threshold, overwrite=True
         )
         settings = SparkSettings(
             spark_master=args.spark_master,

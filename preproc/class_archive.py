@@ -48,8 +48,7 @@ def build(output: Path, console: Console = print) -> None:
     from pyspark import SparkContext
 
     from dataloading.criteo_tsv import generate_criteo_tsv
-    from preproc.config import InputFile, NumericalTransform, PipelineConfig
-    from preproc.layout import criteo_layout
+    from preproc.config import last_day_test_config
     from preproc.pipeline import run_pipeline
 
     if SparkContext._active_spark_context is not None:
@@ -63,18 +62,7 @@ def build(output: Path, console: Console = print) -> None:
             raw = Path(tmp) / "raw"
             generate_criteo_tsv(raw, days=2, rows_per_day=2000, seed=0)
             files = sorted(raw.glob("day_*"))
-            layout = criteo_layout()
-            config = PipelineConfig(
-                layout=layout,
-                files=tuple(
-                    InputFile.of(p, "test" if i == len(files) - 1 else "train")
-                    for i, p in enumerate(files)
-                ),
-                mappings=("train", "test"),
-                output_dir=Path(tmp) / "dataset",
-                frequency_thresholds=(2,) * len(layout.categorical),
-                numerical_transform=NumericalTransform.LOG,
-            )
+            config = last_day_test_config(files, Path(tmp) / "dataset", frequency_threshold=2)
             # CDS lists every class it leaves out (signed jars, generated code) as a
             # warning: hundreds of lines that say nothing is wrong.
             options = (

@@ -11,7 +11,7 @@ from typing import Any
 
 from feature_spec import TRAIN_MAPPING
 from preproc.errors import PreprocessingError
-from preproc.layout import InputLayout
+from preproc.layout import InputLayout, criteo_layout
 
 # Compression suffixes Spark (Hadoop) decompresses by file name.
 COMPRESSION_SUFFIXES = (".gz", ".bz2", ".deflate", ".lz4", ".snappy", ".zst")
@@ -130,6 +130,27 @@ class PipelineConfig:
     def files_of(self, mapping: str) -> tuple[int, ...]:
         """Indices into `files` of the files of `mapping`, in input order."""
         return tuple(i for i, f in enumerate(self.files) if f.mapping == mapping)
+
+
+def last_day_test_config(
+    days: Sequence[Path], output_dir: Path, frequency_threshold: int, overwrite: bool = False
+) -> PipelineConfig:
+    """Criteo day files in day order: the last one the test split, the others train,
+    one threshold for every feature, the log transform (the benchmark's and the
+    class archive's run)."""
+    layout = criteo_layout()
+    return PipelineConfig(
+        layout=layout,
+        files=tuple(
+            InputFile.of(day, "test" if i == len(days) - 1 else TRAIN_MAPPING)
+            for i, day in enumerate(days)
+        ),
+        mappings=(TRAIN_MAPPING, "test"),
+        output_dir=output_dir,
+        frequency_thresholds=(frequency_threshold,) * len(layout.categorical),
+        numerical_transform=NumericalTransform.LOG,
+        overwrite=overwrite,
+    )
 
 
 def parse_thresholds(

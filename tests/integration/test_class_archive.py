@@ -27,15 +27,19 @@ spark.stop()
 """
 
 
-def test_archive_is_written_whole_and_maps_sparks_classes(tmp_path: Path) -> None:
-    archive = tmp_path / "archive" / "spark-classes.jsa"
-    built = subprocess.run(
+def build(archive: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
         [sys.executable, "-m", "preproc.class_archive", "--output", str(archive)],
         cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=600,
     )
+
+
+def test_archive_is_written_whole_and_maps_sparks_classes(tmp_path: Path) -> None:
+    archive = tmp_path / "archive" / "spark-classes.jsa"
+    built = build(archive)
     assert built.returncode == 0, built.stderr[-3000:]
     assert f"[class_archive] {archive}:" in built.stdout
     assert archive.stat().st_size > 10_000_000
@@ -63,13 +67,7 @@ def test_archive_is_written_whole_and_maps_sparks_classes(tmp_path: Path) -> Non
 def test_failed_build_leaves_no_archive(tmp_path: Path) -> None:
     archive = tmp_path / "archive.jsa"
     archive.mkdir()  # a directory where the archive should go: the rename fails
-    built = subprocess.run(
-        [sys.executable, "-m", "preproc.class_archive", "--output", str(archive)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    built = build(archive)
     assert built.returncode == 1
     assert "[class_archive] no archive written:" in built.stderr
     assert archive.is_dir() and not any(archive.iterdir())
