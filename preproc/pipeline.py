@@ -58,6 +58,8 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
 WORK_DIR = "_work"
+# The line index as a table for the splits' joins (`parse.with_line_numbers`), in WORK_DIR.
+LINE_INDEX_FILE = "line_index.parquet"
 SPEC_FILE = "feature_spec.yaml"
 REPORT_FILE = "report.json"
 MALFORMED_EXAMPLES = 20
@@ -283,7 +285,9 @@ class _Run:
         index = LineIndex.from_json(parse.summary["line_index"])
         cardinalities = [f["cardinality"] for f in vocabulary.summary["features"]]
         expected = sum(f["rows"] for f in parse.summary["files"] if f["mapping"] == mapping)
-        rows = with_line_numbers(self.spark, self._parsed_rows(mapping), index)
+        rows = with_line_numbers(
+            self.spark, self._parsed_rows(mapping), index, self.work / LINE_INDEX_FILE
+        )
         vocabulary_dir = self.stages["vocabulary"].directory / "vocabulary"
         encoded, lookups = encode(
             self.spark,

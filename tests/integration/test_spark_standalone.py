@@ -60,7 +60,7 @@ PIPELINE_FLAGS = [
     "--spark_conf", f"spark.executor.extraJavaOptions={JVM_OPTIONS}",
 ]  # fmt: skip
 # What an executor starts (`python -m pyspark.daemon`) for its first Python task: in
-# a split, the broadcast line index (preproc.parse) or the binary writers.
+# a split, the binary writers.
 PYTHON_DAEMON = b"pyspark.daemon"
 
 
@@ -414,8 +414,8 @@ def power_off(hosts: NetnsCluster, host: str) -> None:
 def test_losing_a_worker_mid_stage_reruns_its_tasks_on_the_other(
     spark_cluster: StandaloneSpark, raw: Path, local_run: Path, tmp_path: Path
 ) -> None:
-    """node2 dies while it runs its first Python task of the train split (the
-    broadcast line index or a binary writer); the run ends as if it had not.
+    """node2 dies while it runs its first Python task of the train split (a binary
+    writer); the run ends as if it had not.
     Last in the module: node2 stays down."""
     out = tmp_path / "dataset"
     # Resumes after the local run's parse and vocabulary stages, so that the first
