@@ -4,8 +4,8 @@
 
 A JVM started with `-XX:SharedArchiveFile` maps the archived classes instead of
 loading, parsing and verifying them from Spark's jars: in local mode, Spark
-starts about 0.9 s sooner and the parse stage, the first to touch Parquet, Arrow
-and the Python runners, about 1 s sooner (docs/preprocessing.md). `make install`
+started about 1.3 s sooner and the parse stage, the first to touch Parquet, Arrow
+and the Python runners, 1-2 s sooner (measured pairs in docs/preprocessing.md). `make install`
 writes the archive into the virtual environment (`preproc.spark.class_archive_path`), and
 `preproc.spark` uses it for local-mode drivers whenever it is there.
 
