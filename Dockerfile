@@ -55,6 +55,8 @@ RUN --mount=type=cache,target=/root/.cache/pip \
     && rm -rf /var/lib/apt/lists/*
 
 COPY . .
+# The project's CPU kernels (dlrm/kernels), compiled against the image's TensorFlow.
+RUN .venv/bin/python -m dlrm.kernels
 # The code and .venv stay root-owned (read-only to the user); /data and /runs are
 # the mount points for datasets and outputs. A numeric UID, so that hosts and
 # Kubernetes' runAsNonRoot can resolve it.

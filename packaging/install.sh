@@ -61,7 +61,24 @@ horovod_loads() {
         'import sys, horovod.tensorflow as h; sys.exit(0 if h.gloo_built() else 1)' 2>/dev/null
 }
 
+# The project's CPU kernels (dlrm/kernels): compiled against the venv's TensorFlow
+# into the venv, under a name that follows their sources, so this runs on the
+# up-to-date path too (it returns at once when that library exists). Without it
+# training runs TensorFlow's ops instead, slower; the Dockerfile's install layer has
+# no code yet and builds them after copying it.
+build_kernels() {
+    [ -f "$root/dlrm/kernels/__main__.py" ] || return 0
+    if out="$(cd "$root" && "$venv/bin/python" -m dlrm.kernels --if_missing \
+            2>"$venv/kernels.log")"; then
+        case "$out" in *built*) log "${out#\[kernels\] }" ;; esac
+    else
+        log "CPU kernels not built (see $venv/kernels.log): training works without them," \
+            "slower"
+    fi
+}
+
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$(fingerprint)" ] && horovod_loads; then
+    build_kernels
     log "up to date ($venv)"
     exit 0
 fi
@@ -139,5 +156,6 @@ if [ -f "$root/preproc/class_archive.py" ]; then
             "without it, starting about 2 s slower"
     fi
 fi
+build_kernels
 fingerprint > "$stamp"
 log "done ($venv)"

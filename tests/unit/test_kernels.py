@@ -1,0 +1,260 @@
+"""The project's CPU kernels (dlrm.kernels) against TensorFlow's ops doing the same."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from dlrm import kernels
+from dlrm.interaction import dot_interaction
+from dlrm.optimizers import Sgd
+
+ROOT = Path(__file__).resolve().parents[2]
+# bfloat16 keeps 8 significant bits: results rounded once (the kernel) or after
+# each product (TensorFlow) differ by a few units of the last one.
+BFLOAT16_TOLERANCE = 2.0**-6
+
+
+@pytest.fixture(scope="module")
+def library() -> object:
+    module = kernels.load()
+    assert module is not None, (
+        f"the kernels are not built at {kernels.library_path()}: `make install` builds them"
+    )
+    return module
+
+
+def _as_float(x: tf.Tensor) -> np.ndarray:
+    return tf.cast(x, tf.float32).numpy()
+
+
+@pytest.mark.parametrize(
+    ("batch", "tables", "width", "dtype"),
+    [
+        (37, 5, 19, tf.float32),  # width below one SIMD block
+        (64, 26, 128, tf.float32),  # the default model's shape
+        (9, 8, 83, tf.float32),  # 64 + 16 + a remainder
+        (33, 4, 1, tf.float32),
+        (41, 26, 128, tf.bfloat16),
+        (17, 3, 21, tf.bfloat16),
+    ],
+)
+def test_dot_interaction_matches_tensorflow_ops(
+    library: object, batch: int, tables: int, width: int, dtype: tf.DType
+) -> None:
+    rng = np.random.default_rng(batch)
+    dense = tf.constant(rng.normal(size=(batch, width)), dtype)
+    embeddings = tf.constant(rng.normal(size=(batch, tables, width)), dtype)
+    upstream = tf.constant(rng.normal(size=(batch, width + (tables + 1) * tables // 2)), dtype)
+
+    def run(use_kernel: bool) -> list[tf.Tensor]:
+        with tf.GradientTape() as tape:
+            tape.watch([dense, embeddings])
+            out = dot_interaction(dense, embeddings, use_kernel=use_kernel)
+        return [out, *tape.gradient(out, [dense, embeddings], output_gradients=upstream)]
+
+    ours = tf.function(lambda: run(True))()
+    reference = run(False)
+    if dtype == tf.float32:
+        tolerance = {"rtol": 1e-5, "atol": 1e-4 * np.sqrt(width * tables)}
+    else:
+        # Errors scale with the sums' magnitude: sqrt(terms) for unit normals.
+        tolerance = {"rtol": BFLOAT16_TOLERANCE, "atol": 0.1 * np.sqrt(width * (tables + 1))}
+    names = ("output", "dense gradient", "embeddings gradient")
+    for name, a, b in zip(names, ours, reference, strict=True):
+        assert a.dtype == dtype, name
+        assert a.shape == b.shape, name
+        np.testing.assert_allclose(_as_float(a), _as_float(b), err_msg=name, **tolerance)
+    # The output starts with `dense` itself, exactly.
+    np.testing.assert_array_equal(_as_float(ours[0])[:, :width], _as_float(dense))
+
+
+def test_dot_interaction_rejects_mismatched_shapes(library: object) -> None:
+    dense = tf.zeros([4, 8])
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"do not match dense \[4,8\]"):
+        library.dlrm_dot_interaction(dense, tf.zeros([4, 3, 7]))  # type: ignore[attr-defined]
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"expected dense \[B, D\] and"):
+        library.dlrm_dot_interaction(dense, tf.zeros([4, 24]))  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("dtype", [tf.float32, tf.bfloat16, tf.float16, tf.float64])
+def test_all_finite_finds_every_nan_and_infinity(library: object, dtype: tf.DType) -> None:
+    rng = np.random.default_rng(3)
+    # Sizes around the kernel's 1,024-value blocks and the threads' shards.
+    values = [rng.normal(size=n) for n in (1, 1023, 1025, 200_003)]
+    check = library.dlrm_all_finite  # type: ignore[attr-defined]
+    largest = float(tf.as_dtype(dtype).max)
+    finite = [tf.constant(v, dtype) for v in values] + [tf.constant([largest, -largest], dtype)]
+    assert bool(check(finite))
+    for bad in (np.nan, np.inf, -np.inf):
+        for position in (0, 1024, 200_002):
+            poisoned = values[3].copy()
+            poisoned[position] = bad
+            tensors = [*finite[:3], tf.constant(poisoned, dtype)]
+            assert not bool(check(tensors)), (bad, position)
+            assert not bool(tf.function(check)(tensors)), (bad, position)
+
+
+def test_all_finite_rejects_integer_tensors(library: object) -> None:
+    with pytest.raises((TypeError, tf.errors.InvalidArgumentError)):
+        library.dlrm_all_finite([tf.constant([1, 2])])  # type: ignore[attr-defined]
+
+
+def _sparse_sgd_case(
+    rows: int, width: int, index_dtype: tf.DType, value_dtype: tf.DType, seed: int
+) -> tuple[tf.Variable, np.ndarray, tf.IndexedSlices]:
+    rng = np.random.default_rng(seed)
+    initial = rng.normal(size=(rows, width)).astype(np.float32)
+    ids = rng.integers(0, rows, size=3 * rows)  # many duplicates
+    values = tf.constant(rng.normal(size=(ids.size, width)), value_dtype)
+    gradient = tf.IndexedSlices(values, tf.constant(ids, index_dtype), tf.constant([rows, width]))
+    return tf.Variable(initial), initial, gradient
+
+
+def test_sparse_sgd_matches_scatter_sub_on_many_tables(library: object) -> None:
+    cases = [
+        _sparse_sgd_case(50, 128, tf.int32, tf.float32, 0),
+        _sparse_sgd_case(7, 19, tf.int64, tf.float32, 1),  # width below one SIMD block
+        _sparse_sgd_case(30, 40, tf.int32, tf.bfloat16, 2),
+        _sparse_sgd_case(1000, 16, tf.int64, tf.bfloat16, 3),
+    ]
+    rate = tf.constant(0.25)
+    library.dlrm_sparse_sgd(  # type: ignore[attr-defined]
+        variables=[v.handle for v, _, _ in cases],
+        indices=[g.indices for _, _, g in cases],
+        values=[g.values for _, _, g in cases],
+        learning_rate=rate,
+    )
+    for table, (variable, initial, gradient) in enumerate(cases):
+        expected = initial.copy()
+        np.subtract.at(
+            expected, gradient.indices.numpy(), 0.25 * _as_float(gradient.values).astype(np.float32)
+        )
+        np.testing.assert_allclose(
+            variable.numpy(), expected, rtol=1e-6, atol=1e-5, err_msg=f"table {table}"
+        )
+
+
+def test_sparse_sgd_leaves_a_value_read_before_unchanged(library: object) -> None:
+    variable, initial, gradient = _sparse_sgd_case(20, 8, tf.int32, tf.float32, 4)
+    before = variable.read_value()  # shares the variable's buffer
+    library.dlrm_sparse_sgd(  # type: ignore[attr-defined]
+        variables=[variable.handle],
+        indices=[gradient.indices],
+        values=[gradient.values],
+        learning_rate=tf.constant(1.0),
+    )
+    np.testing.assert_array_equal(before.numpy(), initial)
+    assert not np.array_equal(variable.numpy(), initial)
+
+
+def test_sparse_sgd_rejects_an_id_out_of_range_and_leaves_its_table(library: object) -> None:
+    variable, initial, _ = _sparse_sgd_case(10, 4, tf.int32, tf.float32, 5)
+    out_of_range = r"indices\[1\] = 10 is not in \[0, 10\)"
+    with pytest.raises(tf.errors.InvalidArgumentError, match=out_of_range):
+        library.dlrm_sparse_sgd(  # type: ignore[attr-defined]
+            variables=[variable.handle],
+            indices=[tf.constant([3, 10])],
+            values=[tf.ones([2, 4])],
+            learning_rate=tf.constant(1.0),
+        )
+    np.testing.assert_array_equal(variable.numpy(), initial)
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"expected indices \[n\] and values"):
+        library.dlrm_sparse_sgd(  # type: ignore[attr-defined]
+            variables=[variable.handle],
+            indices=[tf.constant([3])],
+            values=[tf.ones([1, 5])],
+            learning_rate=tf.constant(1.0),
+        )
+
+
+def test_sgd_with_kernels_equals_sgd_without(library: object) -> None:
+    """Optimizer.apply with use_kernels: the same update as TensorFlow's scatter."""
+    results = []
+    for use_kernels in (True, False):
+        tables = [
+            _sparse_sgd_case(60, 32, tf.int32, tf.float32, 6),
+            _sparse_sgd_case(9, 5, tf.int64, tf.float32, 7),
+        ]
+        dense = tf.Variable(np.ones((3, 2), np.float32))
+        variables = [dense, *(v for v, _, _ in tables)]
+        optimizer = Sgd()
+        optimizer.build(variables)
+        optimizer.apply(
+            [tf.fill([3, 2], 0.5), *(g for _, _, g in tables)],
+            variables,
+            tf.constant(0.1),
+            use_kernels=use_kernels,
+        )
+        results.append([dense.numpy(), *(v.numpy() for v, _, _ in tables)])
+    for ours, reference in zip(*results, strict=True):
+        np.testing.assert_allclose(ours, reference, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(results[0][0], 0.95)
+
+
+def test_library_name_follows_sources_and_tensorflow(monkeypatch: pytest.MonkeyPatch) -> None:
+    path = kernels.library_path()
+    assert kernels.fingerprint() in path.name
+    monkeypatch.setattr(kernels, "tensorflow_version", lambda: "0.0.0")
+    assert kernels.library_path() != path
+    assert kernels.load(kernels.library_path()) is None  # never built for that TensorFlow
+
+
+def test_build_writes_a_library_that_loads(tmp_path: Path) -> None:
+    output = tmp_path / "built.so"
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
+    run = subprocess.run(
+        [sys.executable, "-m", "dlrm.kernels", "--output", str(output)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert run.returncode == 0, run.stderr
+    assert f"built {output}" in run.stdout
+    assert [p.name for p in tmp_path.iterdir()] == ["built.so"]
+    # A fresh process (op names register once per process) loads it and runs an op.
+    check = (
+        "import sys, tensorflow as tf; m = tf.load_op_library(sys.argv[1]); "
+        "print(bool(m.dlrm_all_finite([tf.constant([1.0, float('nan')])])))"
+    )
+    loaded = subprocess.run(
+        [sys.executable, "-c", check, str(output)],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert loaded.returncode == 0, loaded.stderr
+    assert loaded.stdout.strip() == "False"
+    again = subprocess.run(
+        [sys.executable, "-m", "dlrm.kernels", "--output", str(output), "--if_missing"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert again.returncode == 0 and "up to date" in again.stdout, again.stderr
+
+
+def test_a_failed_build_says_why_and_leaves_nothing(tmp_path: Path) -> None:
+    output = tmp_path / "built.so"
+    run = subprocess.run(
+        [sys.executable, "-m", "dlrm.kernels", "--output", str(output)],
+        cwd=ROOT,
+        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "CXX": "false"},
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert run.returncode == 1
+    assert "[kernels] not built: false exited with 1" in run.stderr
+    assert list(tmp_path.iterdir()) == []
