@@ -134,6 +134,12 @@ flags.DEFINE_string(
 )
 flags.DEFINE_bool("amp", False, "Mixed precision: bfloat16 on CPU, float16 + loss scaling on GPU.")
 flags.DEFINE_bool("xla", False, "Compile the dense part (MLPs, interaction) with XLA.")
+flags.DEFINE_bool(
+    "use_kernels",
+    True,
+    "On CPUs, run the dot interaction on the project's own kernel (built by make install; "
+    "not under --xla). --nouse_kernels: TensorFlow's ops only.",
+)
 flags.DEFINE_integer("evals_per_epoch", _D("evals_per_epoch"), "Evaluations per epoch.")
 flags.DEFINE_integer("print_freq", _D("print_freq"), "Steps between progress lines.")
 flags.DEFINE_string(

@@ -40,6 +40,7 @@ from dlrm.trainer import Trainer
 # and scatter are the only ones of their kind in the step).
 PARTS = (
     ("interaction", "dot_interaction"),
+    ("interaction", "DlrmDotInteraction"),
     ("interaction", "BatchMatMul"),
     ("interaction", "ScatterNd"),
     ("top MLP", "top_mlp"),
@@ -86,10 +87,21 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--top", type=int, default=25)
     parser.add_argument("--trace_dir", type=Path)
+    parser.add_argument(
+        "--use_kernels",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="the project's CPU kernels, as main.py runs (default: on; not under --xla)",
+    )
     args = parser.parse_args()
     batch = args.batch_size
     precision = choose_precision(args.amp, has_gpu=False)
-    model = Dlrm(ModelConfig(13, (100_000,) * 26, (1,) * 26), dtype_policy=precision.dtype_policy)
+    model = Dlrm(
+        ModelConfig(13, (100_000,) * 26, (1,) * 26),
+        dtype_policy=precision.dtype_policy,
+        use_xla=args.xla,
+        use_kernels=args.use_kernels,
+    )
     trainer = Trainer(
         model, Sgd(), lambda step: tf.constant(0.1), precision, batch, use_xla=args.xla
     )

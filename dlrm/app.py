@@ -27,7 +27,7 @@ from dataloading.split_binary import (
     SplitBinaryDataset,
     raise_dataset_errors,
 )
-from dlrm import metrics
+from dlrm import kernels, metrics
 from dlrm.checkpoint import Checkpoint, CheckpointError
 from dlrm.config import ConfigError, RunConfig, check_world_size
 from dlrm.dist import Collectives, check_ranks_agree, create_collectives, launched_by_horovod
@@ -80,6 +80,23 @@ def model_config_for(spec: FeatureSpec, config: RunConfig) -> ModelConfig:
 
 def has_gpu() -> bool:
     return bool(tf.config.list_physical_devices("GPU"))
+
+
+def kernels_apply(config: RunConfig, model_config: ModelConfig, log: MetricsLog) -> bool:
+    """Whether the model runs on the project's CPU kernels (`dlrm.kernels`): asked
+    for (`--use_kernels`), on CPUs, not under `--xla`, with an interaction that
+    has one, and built. When only the last fails, says so: it costs speed."""
+    if not (config.use_kernels and model_config.interaction == "dot"):
+        return False
+    if config.xla or has_gpu():
+        return False
+    if kernels.load() is None:
+        log.print(
+            f"the CPU kernels are not built ({kernels.library_path()} is missing): the dot "
+            "interaction runs on TensorFlow's ops, slower; `make install` builds them"
+        )
+        return False
+    return True
 
 
 def eval_steps(steps_per_epoch: int, epochs: int, evals_per_epoch: int) -> list[int]:
@@ -255,6 +272,7 @@ def build_session(
         dtype_policy=precision.dtype_policy,
         seed=config.seed,
         use_xla=config.xla,
+        use_kernels=kernels_apply(config, model_config, log),
     )
     trainer = None
     if config.mode == "train":

@@ -98,6 +98,7 @@ class RunConfig:
     # Precision and compilation
     amp: bool = False
     xla: bool = False
+    use_kernels: bool = True  # the project's CPU kernels (dlrm.kernels) where they apply
     # Evaluation, logging
     evals_per_epoch: int = 1
     print_freq: int = 100

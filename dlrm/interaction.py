@@ -24,6 +24,12 @@ cheaper, measured in `docs/performance.md`:
   large batch on the 2-core reference machine. Not under XLA (`--xla`), which
   compiles its own loops: there the chunks only added buffers (default model,
   batch 65536: peak 7.99 GiB chunked, 6.89 whole, and 5 % slower).
+
+Faster still, on CPUs, is the project's own kernel (`dlrm.kernels`,
+`use_kernel`): forward and backward each one op that computes a sample's pairs
+while its vectors stay in cache, with no Gram matrices, gathers or scatters in
+between. The TensorFlow ops below are the reference it is tested against, and
+what runs under XLA, on GPUs and where the kernel was not built.
 """
 
 from __future__ import annotations
@@ -33,6 +39,8 @@ from typing import Any
 import keras
 import numpy as np
 import tensorflow as tf
+
+from dlrm import kernels
 
 # Samples per batched product (see the module docstring).
 CHUNK_ROWS = 512
@@ -71,7 +79,10 @@ def _pair_indices(tables: int) -> np.ndarray:
 
 
 def dot_interaction(
-    dense: tf.Tensor, embeddings: tf.Tensor, chunk_rows: int | None = CHUNK_ROWS
+    dense: tf.Tensor,
+    embeddings: tf.Tensor,
+    chunk_rows: int | None = CHUNK_ROWS,
+    use_kernel: bool = False,
 ) -> tf.Tensor:
     """dense [B, D], embeddings [B, T, D] -> [B, D + (T + 1) T / 2]: `dense`,
     then <v_i, v_j> for i > j, row by row, of the vectors v = (dense, e_1 .. e_T).
@@ -79,8 +90,11 @@ def dot_interaction(
     The T + 1 vectors are never concatenated (a copy of the largest tensor of
     the step, and another for its gradient): the products of `dense` and of the
     embeddings are computed apart. `chunk_rows`: samples per batched product
-    (None: the whole batch in one).
+    (None: the whole batch in one). `use_kernel`: run the project's CPU kernel
+    (float32 or bfloat16; raises RuntimeError when it was not built).
     """
+    if use_kernel:
+        return kernels.require().dlrm_dot_interaction(dense, embeddings)
     tables = embeddings.shape[1]
     width = dense.shape[1]
     pairs = _pair_indices(tables)
@@ -122,18 +136,24 @@ class DotInteraction(keras.layers.Layer):
     [B, T, D]. Output: [B, D + (T + 1) T / 2]: `dense` followed by the
     strictly-lower triangle of the Gram matrix of the T + 1 vectors (dense
     first), row by row. `chunk_rows`: samples per batched product (None: the
-    whole batch in one, for XLA).
+    whole batch in one, for XLA). `use_kernel`: the project's CPU kernel instead
+    (see `dot_interaction`).
     """
 
-    def __init__(self, chunk_rows: int | None = CHUNK_ROWS, **kwargs: Any) -> None:
+    def __init__(
+        self, chunk_rows: int | None = CHUNK_ROWS, use_kernel: bool = False, **kwargs: Any
+    ) -> None:
         super().__init__(**kwargs)
         self.chunk_rows = chunk_rows
+        self.use_kernel = use_kernel
+        if use_kernel:
+            kernels.require()  # fails here, when the model is built, if it is missing
 
     def call(self, dense: tf.Tensor, vectors: tf.Tensor) -> tf.Tensor:
         if vectors.shape.rank == 2:
             width = dense.shape[1]
             vectors = tf.reshape(vectors, [-1, vectors.shape[1] // width, width])
-        return dot_interaction(dense, vectors, self.chunk_rows)
+        return dot_interaction(dense, vectors, self.chunk_rows, self.use_kernel)
 
     def compute_output_shape(self, dense_shape: Any, vectors_shape: Any) -> tuple[Any, ...]:
         tables = vectors_shape[1] if len(vectors_shape) == 3 else vectors_shape[1] // dense_shape[1]

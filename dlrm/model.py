@@ -188,6 +188,11 @@ class Dlrm(keras.Model):
         use_xla: the dense part will be compiled by XLA (`--xla`): the dot
             interaction then runs its products over the whole batch, not in
             chunks (see `dlrm.interaction`).
+        use_kernels: run the dot interaction on the project's CPU kernel
+            (`dlrm.kernels`; the caller checks that it is built and that the
+            model runs on CPUs), not under `use_xla`, which compiles
+            TensorFlow's ops only. The trainer checks the gradients with the
+            kernels' `DlrmAllFinite` too.
     """
 
     def __init__(
@@ -197,11 +202,13 @@ class Dlrm(keras.Model):
         dtype_policy: str = "float32",
         seed: int = 0,
         use_xla: bool = False,
+        use_kernels: bool = False,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         self.config = config
         self.dtype_policy_name = dtype_policy
+        self.use_kernels = use_kernels
         self.bottom_mlp = mlp(config.bottom_mlp_dims, "bottom_mlp", dtype_policy=dtype_policy)
         self.embeddings = embeddings or LocalEmbeddings(
             config.cardinalities,
@@ -226,7 +233,9 @@ class Dlrm(keras.Model):
             )
         else:
             chunk_rows = None if use_xla else CHUNK_ROWS
-            self.interaction = DotInteraction(chunk_rows=chunk_rows, dtype=dtype_policy)
+            self.interaction = DotInteraction(
+                chunk_rows=chunk_rows, use_kernel=use_kernels and not use_xla, dtype=dtype_policy
+            )
         self.top_mlp = mlp(
             config.top_mlp_dims, "top_mlp", final_activation=None, dtype_policy=dtype_policy
         )

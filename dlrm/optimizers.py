@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
+from dlrm import kernels
 from dlrm.config import OPTIMIZERS
 
 
@@ -87,20 +88,39 @@ class Optimizer(abc.ABC):
         return self._slots[variable_name(variable)]
 
     def apply(
-        self, gradients: Sequence[Any], variables: Sequence[Any], learning_rate: tf.Tensor
+        self,
+        gradients: Sequence[Any],
+        variables: Sequence[Any],
+        learning_rate: tf.Tensor,
+        use_kernels: bool = False,
     ) -> None:
-        """One update of every variable; dense gradients or `tf.IndexedSlices`."""
+        """One update of every variable; dense gradients or `tf.IndexedSlices`.
+        `use_kernels`: the sparse updates may run on the project's CPU kernels
+        (`dlrm.kernels`), where the optimizer has one (SGD)."""
         learning_rate = tf.cast(learning_rate, tf.float32)
+        sparse = []
         for gradient, variable in zip(gradients, variables, strict=True):
             if gradient is None:
                 continue
             resource = _resource(variable)
-            slots = self.slots(variable)
             if isinstance(gradient, tf.IndexedSlices):
-                self._apply_sparse(resource, gradient, learning_rate, slots)
+                sparse.append((resource, gradient, self.slots(variable)))
             else:
+                slots = self.slots(variable)
                 self._apply_dense(resource, tf.convert_to_tensor(gradient), learning_rate, slots)
+        if sparse:
+            self._apply_sparse_all(sparse, learning_rate, use_kernels)
         self.iterations.assign_add(1)
+
+    def _apply_sparse_all(
+        self,
+        updates: list[tuple[tf.Variable, tf.IndexedSlices, dict[str, Any]]],
+        lr: tf.Tensor,
+        use_kernels: bool,
+    ) -> None:
+        """Every sparse update of a step: (variable, gradient, slots) each."""
+        for variable, gradient, slots in updates:
+            self._apply_sparse(variable, gradient, lr, slots)
 
     @abc.abstractmethod
     def _apply_dense(
@@ -144,6 +164,20 @@ class Sgd(Optimizer):
     def _apply_sparse(self, variable, gradient, lr, slots):  # type: ignore[no-untyped-def]
         # Scatter-sub adds up duplicate indices, which is the summed gradient's update.
         variable.scatter_sub(tf.IndexedSlices(gradient.values * lr, gradient.indices))
+
+    def _apply_sparse_all(self, updates, lr, use_kernels):  # type: ignore[no-untyped-def]
+        # One op for every float32 table: rows updated in place, duplicates in turn.
+        fused = [u for u in updates if use_kernels and u[0].dtype == tf.float32]
+        if fused:
+            kernels.require().dlrm_sparse_sgd(
+                variables=[variable.handle for variable, _, _ in fused],
+                indices=[gradient.indices for _, gradient, _ in fused],
+                values=[gradient.values for _, gradient, _ in fused],
+                learning_rate=lr,
+            )
+        for variable, gradient, slots in updates:
+            if not (use_kernels and variable.dtype == tf.float32):
+                self._apply_sparse(variable, gradient, lr, slots)
 
 
 class Adagrad(Optimizer):

@@ -13,6 +13,7 @@ import tensorflow as tf
 
 from dataloading.split_binary import Batch, ShardSpec, SplitBinaryDataset
 from dataloading.synthetic import generate_split_binary
+from dlrm import kernels
 from dlrm.app import Session, build_session
 from dlrm.checkpoint import Checkpoint, CheckpointError
 from dlrm.config import RunConfig
@@ -85,6 +86,37 @@ def test_loss_decreases(dataset: Path, optimizer: str) -> None:
     for _ in range(6):
         epoch_losses.append(np.mean([float(s.trainer.train_step(b)) for b in data]))
     assert epoch_losses[-1] < 0.95 * epoch_losses[0], epoch_losses
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adagrad"])
+def test_kernels_train_as_tensorflow_ops_do(dataset: Path, optimizer: str) -> None:
+    """The CPU kernels (interaction, finite check, SGD's sparse update) against
+    TensorFlow's ops, step by step from the same start."""
+    ours = session(dataset, optimizer=optimizer, learning_rate=0.2)
+    reference = session(dataset, optimizer=optimizer, learning_rate=0.2, use_kernels=False)
+    assert ours.trainer is not None and reference.trainer is not None
+    assert ours.model.use_kernels and ours.model.interaction.use_kernel
+    assert not reference.model.use_kernels and not reference.model.interaction.use_kernel
+    for b in batches(dataset, 4):
+        a, r = float(ours.trainer.train_step(b)), float(reference.trainer.train_step(b))
+        assert a == pytest.approx(r, rel=1e-5)
+    for a, r in zip(weights(ours), weights(reference), strict=True):
+        np.testing.assert_allclose(a, r, rtol=1e-5, atol=1e-6)
+
+
+def test_without_built_kernels_training_says_so_and_runs_tensorflow_ops(
+    dataset: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    missing = tmp_path / "dlrm_kernels-missing.so"
+    monkeypatch.setattr(kernels, "library_path", lambda: missing)
+    console = io.StringIO()
+    values = {"dataset_path": str(dataset), "batch_size": BATCH, "embedding_dim": 6}
+    values |= {"bottom_mlp_dims": (9, 6), "top_mlp_dims": (11, 1)}
+    s = build_session(RunConfig(**values), MetricsLog(None, None, console=console))
+    assert f"the CPU kernels are not built ({missing} is missing)" in console.getvalue()
+    assert not s.model.use_kernels
+    assert s.trainer is not None
+    assert np.isfinite(float(s.trainer.train_step(batches(dataset, 1)[0])))
 
 
 @pytest.mark.parametrize(("amp", "xla"), [(True, False), (False, True), (True, True)])
