@@ -58,6 +58,14 @@ PIPELINE_FLAGS = [
     "--shuffle_partitions", "3",
     "--spark_conf", f"spark.driver.extraJavaOptions={JVM_OPTIONS}",
     "--spark_conf", f"spark.executor.extraJavaOptions={JVM_OPTIONS}",
+    # Both workers run tasks of every stage: jobs start only when both executors have
+    # registered (the cores expected are spark.cores.max), and a task goes to the first
+    # free executor, not after waiting for the one that holds most of its shuffle
+    # input (spark.locality.wait, 3 s, longer than a task here). With the defaults,
+    # node1 could run all of a split's writers, leaving none on node2 to be killed in.
+    "--spark_conf", "spark.cores.max=2",
+    "--spark_conf", "spark.scheduler.minRegisteredResourcesRatio=1.0",
+    "--spark_conf", "spark.locality.wait=0",
 ]  # fmt: skip
 # What an executor starts (`python -m pyspark.daemon`) for its first Python task: in
 # a split, the binary writers.
