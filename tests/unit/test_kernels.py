@@ -75,6 +75,22 @@ def test_dot_interaction_matches_tensorflow_ops(
     np.testing.assert_array_equal(_as_float(ours[0])[:, :width], _as_float(dense))
 
 
+@pytest.mark.parametrize("dtype", [tf.float32, tf.bfloat16])
+def test_dot_interaction_carries_nan_and_infinity_through(library: object, dtype: tf.DType) -> None:
+    """The trainer's finite check relies on them reaching the gradients."""
+    dense = np.ones((3, 16), np.float32)
+    embeddings = np.ones((3, 2, 16), np.float32)
+    dense[0, 5] = np.nan
+    embeddings[1, 1, 0] = np.inf
+    out = library.dlrm_dot_interaction(  # type: ignore[attr-defined]
+        tf.constant(dense, dtype), tf.constant(embeddings, dtype)
+    )
+    pairs = _as_float(out)[:, 16:]  # (e1, d), (e2, d), (e2, e1)
+    assert np.isnan(pairs[0, :2]).all() and pairs[0, 2] == 16
+    assert pairs[1, 0] == 16 and np.isposinf(pairs[1, 1:]).all()
+    np.testing.assert_array_equal(pairs[2], 16)
+
+
 def test_dot_interaction_rejects_mismatched_shapes(library: object) -> None:
     dense = tf.zeros([4, 8])
     with pytest.raises(tf.errors.InvalidArgumentError, match=r"do not match dense \[4,8\]"):
