@@ -14,6 +14,8 @@ VARIANT is fp32 (default), or a `+`-joined set of: amp (the CPU's
 mixed_bfloat16 policy), xla (the dense part compiled), cross (the DCNv2 cross
 interaction, with tables of unequal widths `CROSS_WIDTHS`), mean (every table
 pools a row's vectors by mean: with variable-length tables, by their count).
+As main.py on CPUs, the model runs on the project's CPU kernels (dlrm.kernels),
+except under xla.
 A variable-length table is costed by the planner as 2 ids per row. Writes
 OUT/<RUN with : as _>/rank<r>.npz: dense weights by name, each shard as
 "table_<t>_<r0>_<r1>_<c0>_<c1>", the per-step losses and the rank's hostname.
@@ -154,7 +156,14 @@ def train(spec, collectives, kind, input_mode, optimizer, variant, steps, batch,
             hotness=spec.hotness,
             pooling=config.poolings,
         )
-    model = Dlrm(config, embeddings=embeddings, dtype_policy=precision.dtype_policy, seed=1)
+    model = Dlrm(
+        config,
+        embeddings=embeddings,
+        dtype_policy=precision.dtype_policy,
+        seed=1,
+        use_xla="xla" in variant,
+        use_kernels="xla" not in variant,
+    )
     lr = {"sgd": 0.5, "adagrad": 0.1, "adam": 0.01}[optimizer]
     trainer = Trainer(
         model,
