@@ -93,6 +93,9 @@ def train_one_step(dataset_dir: Path, batch_size: int = 64) -> tuple[float, floa
     spec = FeatureSpec.load(dataset_dir, required_mappings=("train",))
     dataset = SplitBinaryDataset(spec, "train", ShardSpec(global_batch_size=batch_size))
     batch = next(iter(dataset.to_tf_dataset()))
+    # Seeded: the loss's bound in the tests must not depend on a random start (an
+    # unseeded one once gave 2.37 on a CI run).
+    keras.utils.set_random_seed(0)
     tables = [keras.layers.Embedding(c, 3) for c in spec.cardinalities]
     dense = keras.layers.Dense(1)
 
