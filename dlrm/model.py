@@ -191,8 +191,9 @@ class Dlrm(keras.Model):
         use_kernels: run the dot interaction on the project's CPU kernel
             (`dlrm.kernels`; the caller checks that it is built and that the
             model runs on CPUs), not under `use_xla`, which compiles
-            TensorFlow's ops only. The trainer checks the gradients with the
-            kernels' `DlrmAllFinite` too.
+            TensorFlow's ops only. The default embeddings look one-hot ids up
+            with the kernels too (`LocalEmbeddings`), and the trainer checks the
+            gradients with the kernels' `DlrmAllFinite`.
     """
 
     def __init__(
@@ -217,6 +218,7 @@ class Dlrm(keras.Model):
             hotness=config.hotness,
             pooling=config.poolings,
             output_dtype=keras.DTypePolicy(dtype_policy).compute_dtype,
+            use_kernels=use_kernels,
         )
         if tuple(self.embeddings.dims) != config.embedding_dims:
             raise ValueError(

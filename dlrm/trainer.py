@@ -12,7 +12,9 @@ compiled function and autodiff:
 3. the embedding backward: the vectors' gradient through the output
    distribution (the reverse alltoall, on every rank), then through the local
    lookup (`tape.gradient(..., output_gradients=...)`), giving row-sparse
-   `tf.IndexedSlices` that the optimizer applies to the rows looked up only;
+   `tf.IndexedSlices` that the optimizer applies to the rows looked up only
+   (SGD on one process with the CPU kernels' fused lookup skips this: the
+   tables are updated from the vectors' gradient as it is, `apply_fused_sgd`);
 4. the data-parallel gradients (dense weights, replicated tables) summed over
    ranks, and the update, applied only when every rank's loss and gradients
    are finite.
@@ -38,7 +40,7 @@ from dataloading.split_binary import Batch
 from dlrm import kernels
 from dlrm.dist import Collectives
 from dlrm.model import Dlrm
-from dlrm.optimizers import Optimizer
+from dlrm.optimizers import Optimizer, Sgd
 from dlrm.precision import DynamicLossScale, Precision
 
 DENSE_EXCHANGE = "dense"
@@ -126,6 +128,7 @@ class Trainer:
             0.0, dtype=tf.float32, trainable=False, name="first_non_finite_loss"
         )
         self.loss_scale = DynamicLossScale() if precision.use_loss_scale else None
+        self._fused_sgd = isinstance(optimizer, Sgd) and self.collectives.world_size == 1
         self._dense_step = tf.function(self._dense_step_eager, jit_compile=use_xla)
         self._train_step = tf.function(self._train_step_eager)
 
@@ -152,6 +155,10 @@ class Trainer:
         learning_rate = self.learning_rate(self.step)
         embeddings = self.model.embeddings
         local_rows = tf.shape(batch.numerical)[0]
+        # SGD on one process with the fused lookup kernel: the tables are updated
+        # from the vectors' gradient as it is (`apply_fused_sgd`): no gradient
+        # through the tape, no split of it into per-table gradients.
+        fused_ids = embeddings.fused_ids(batch.categorical) if self._fused_sgd else None
         with tf.GradientTape() as tape:
             looked_up = embeddings.lookup(batch.categorical, local_rows)
         vectors = embeddings.output_distribution(looked_up, local_rows)
@@ -160,9 +167,13 @@ class Trainer:
             batch.numerical, vectors, batch.label, batch.weight, scale
         )
         lookup_gradients = embeddings.output_distribution_gradient(vector_gradients, local_rows)
+        if fused_ids is None:
+            embedding_variables, exchange = self.embedding_variables, self._exchange
+        else:
+            embedding_variables, exchange = [], []
         embedding_gradients = (
-            tape.gradient(looked_up, self.embedding_variables, output_gradients=lookup_gradients)
-            if self.embedding_variables
+            tape.gradient(looked_up, embedding_variables, output_gradients=lookup_gradients)
+            if embedding_variables
             else []
         )
         if self.collectives.world_size > 1:
@@ -183,8 +194,8 @@ class Trainer:
         # and are checked as they are.
         summed = [
             g
-            for g, exchange in zip(gradients[len(dense_gradients) :], self._exchange, strict=True)
-            if exchange is not None
+            for g, method in zip(gradients[len(dense_gradients) :], exchange, strict=True)
+            if method is not None
         ]
         checked = [*gradients[: len(dense_gradients)], *summed, *tf.nest.flatten(lookup_gradients)]
         gradients_finite = all_finite(checked, self.model.use_kernels)
@@ -195,10 +206,12 @@ class Trainer:
             gradients_finite = tf.logical_not(failed_anywhere[0])
             loss_finite = tf.logical_not(failed_anywhere[1])
         apply = tf.logical_and(gradients_finite, loss_finite)
-        variables = [*self.dense_variables, *self.embedding_variables]
+        variables = [*self.dense_variables, *embedding_variables]
 
         def update() -> None:
             self.optimizer.apply(gradients, variables, learning_rate, self.model.use_kernels)
+            if fused_ids is not None:
+                embeddings.apply_fused_sgd(fused_ids, lookup_gradients, learning_rate / scale)
 
         tf.cond(apply, update, lambda: None)
         if self.loss_scale is not None:

@@ -24,6 +24,7 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.python.ops import resource_variable_ops
 
+from dlrm import kernels
 from dlrm.config import POOLINGS
 from dlrm.embedding.initializer import initial_table_values
 from dlrm.embedding.shard import TableShard
@@ -104,6 +105,42 @@ def pool(sums: tf.Tensor, ids: Any, pooling: str) -> tf.Tensor:
         return sums / counts
     hotness = ids.shape[1] if ids.shape.rank == 2 else 1
     return sums / float(hotness) if hotness != 1 else sums
+
+
+def fused_lookup(variables: Sequence[Any], ids: tf.Tensor, output_dtype: Any) -> tf.Tensor:
+    """Row ids[:, t] of every table t side by side: [B, sum of D_t] in
+    `output_dtype`, for one-hot ids [B, T] (int32 or int64). One op of the
+    project's CPU kernels (`DlrmEmbeddingLookup`; RuntimeError when not built);
+    differentiable with respect to the tables, as one `tf.gather` per table."""
+    tables = [resource_variable(v) for v in variables]
+    for table in tables:  # a tape that records the lookup watches the tables
+        resource_variable_ops.variable_accessed(table)
+    dtype = tf.as_dtype(output_dtype)
+    vectors = kernels.require().dlrm_embedding_lookup(
+        tables=[table.handle for table in tables],
+        ids=ids,
+        widths=[int(table.shape[1]) for table in tables],
+        T=tf.float32 if dtype == tf.float16 else dtype,
+    )
+    return tf.cast(vectors, dtype)
+
+
+def fused_sgd(
+    variables: Sequence[Any], ids: tf.Tensor, gradient: tf.Tensor, learning_rate: tf.Tensor
+) -> None:
+    """SGD on the rows `fused_lookup(variables, ids)` read, from the gradient
+    [B, sum of D_t] of its output (`DlrmEmbeddingSgd`): never split by table.
+    Duplicate ids apply in turn, the summed gradient's update."""
+    tables = [resource_variable(v) for v in variables]
+    if gradient.dtype not in (tf.float32, tf.bfloat16):
+        gradient = tf.cast(gradient, tf.float32)
+    kernels.require().dlrm_embedding_sgd(
+        tables=[table.handle for table in tables],
+        ids=ids,
+        gradient=gradient,
+        learning_rate=tf.cast(learning_rate, tf.float32),
+        widths=[int(table.shape[1]) for table in tables],
+    )
 
 
 def resource_variable(variable: Any) -> tf.Variable:
@@ -242,6 +279,17 @@ class Embeddings(keras.layers.Layer):
 
     def local_shards(self) -> list[tuple[TableShard, Any]]:
         """The table shards this process holds, each with its variable."""
+        raise NotImplementedError
+
+    def fused_ids(self, ids: Any) -> tf.Tensor | None:
+        """The [B, T] id matrix when the layer looks `ids` up with the fused
+        kernel (`fused_lookup`), whose tables the trainer's SGD may then update
+        from the vectors' undivided gradient (`apply_fused_sgd`); else None."""
+        return None
+
+    def apply_fused_sgd(self, ids: tf.Tensor, gradient: tf.Tensor, learning_rate: Any) -> None:
+        """SGD on the tables from the gradient of `call`'s vectors, for ids that
+        `fused_ids` accepted."""
         raise NotImplementedError
 
     def gradient_exchange(self, variable: Any) -> str | None:

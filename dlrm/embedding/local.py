@@ -7,7 +7,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from dlrm.embedding.base import Embeddings, gather_rows, pooled_lookup
+from dlrm.embedding.base import Embeddings, fused_lookup, fused_sgd, gather_rows, pooled_lookup
 from dlrm.embedding.shard import ShardingKind, TableShard
 
 
@@ -24,6 +24,12 @@ class LocalEmbeddings(Embeddings):
     width for every table or one per table. Gradients with respect to the
     tables are `tf.IndexedSlices` (rows looked up), which the optimizers apply
     sparsely.
+
+    `use_kernels`: one-hot ids [B, T] are looked up by one op of the project's
+    CPU kernels (`fused_lookup`), which writes the vectors side by side with no
+    concatenation, and the trainer's SGD updates the tables from the vectors'
+    gradient without splitting it (`apply_fused_sgd`). The caller checks that
+    the kernels are built and that the model runs on CPUs.
     """
 
     def __init__(
@@ -34,6 +40,7 @@ class LocalEmbeddings(Embeddings):
         hotness: Sequence[int] | None = None,
         pooling: Sequence[str] | None = None,
         output_dtype: Any = tf.float32,
+        use_kernels: bool = False,
         **kwargs: Any,
     ) -> None:
         tables = len(cardinalities)
@@ -52,6 +59,7 @@ class LocalEmbeddings(Embeddings):
             for t, rows in enumerate(self.cardinalities)
         ]
         self.tables = [self.create_shard_variable(shard) for shard in self.shards]
+        self.use_kernels = use_kernels
 
     def local_shards(self) -> list[tuple[TableShard, Any]]:
         return list(zip(self.shards, self.tables, strict=True))
@@ -67,9 +75,19 @@ class LocalEmbeddings(Embeddings):
                 pooled_lookup(table, table_ids, pooling)
                 for table, table_ids, pooling in zip(self.tables, routed, self.pooling, strict=True)
             ]
+        elif self.use_kernels:
+            return fused_lookup(self.tables, routed, self.output_dtype)
         else:
             vectors = [gather_rows(table, routed[:, t]) for t, table in enumerate(self.tables)]
         return tf.concat([tf.cast(v, self.output_dtype) for v in vectors], axis=1)
+
+    def fused_ids(self, ids: Any) -> tf.Tensor | None:
+        if not self.use_kernels or isinstance(ids, (tuple, list)):
+            return None
+        return ids
+
+    def apply_fused_sgd(self, ids: tf.Tensor, gradient: tf.Tensor, learning_rate: Any) -> None:
+        fused_sgd(self.tables, ids, gradient, learning_rate)
 
     def output_distribution(self, looked_up: Any, local_rows: Any) -> tf.Tensor:
         return looked_up

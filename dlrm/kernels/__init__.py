@@ -10,6 +10,10 @@ TensorFlow's CPU kernels run some of DLRM's ops far below the machine's speed
   infinity, one pass over their bits (the trainer's check of the gradients).
 - `DlrmSparseSgd` (`sparse_sgd.cc`): SGD on the looked-up rows of all tables
   in one op, the tables shared among threads, each row updated in place.
+- `DlrmEmbeddingLookup` (`embedding_lookup.cc`) and `DlrmEmbeddingSgd`
+  (`sparse_sgd.cc`): every table's one-hot lookup written straight into the
+  [B, sum of D] vectors, and SGD on those rows from the vectors' undivided
+  gradient: no concatenation of 26 lookups, no split of their gradient.
 
 `make install` compiles them with the system's g++ against the installed
 TensorFlow's headers (`python -m dlrm.kernels`, a few seconds) into
@@ -39,8 +43,10 @@ from typing import Any
 
 SOURCES = tuple(
     Path(__file__).with_name(name)
-    for name in ("dot_interaction.cc", "all_finite.cc", "sparse_sgd.cc")
+    for name in ("dot_interaction.cc", "all_finite.cc", "sparse_sgd.cc", "embedding_lookup.cc")
 )
+# Included by the sources: part of the fingerprint, not compiled on their own.
+HEADERS = (Path(__file__).with_name("bfloat16.h"),)
 # The C++ compiler: $CXX, else g++.
 COMPILER_ENV = "CXX"
 # -O3: the kernels' SIMD arithmetic is written with GCC vector types. The warnings
@@ -76,7 +82,7 @@ def tensorflow_version() -> str:
 def fingerprint() -> str:
     """Of the sources, the build options and the TensorFlow they compile against."""
     digest = hashlib.sha256()
-    for source in SOURCES:
+    for source in (*SOURCES, *HEADERS):
         digest.update(source.read_bytes())
     digest.update(" ".join(COMPILE_OPTIONS).encode())
     digest.update(tensorflow_version().encode())
@@ -188,3 +194,19 @@ def _register_gradients(module: Any) -> None:
     @tf.RegisterGradient("DlrmDotInteraction")
     def _dot_interaction_gradient(op: Any, gradient: Any) -> Any:
         return module.dlrm_dot_interaction_grad(gradient, op.inputs[0], op.inputs[1])
+
+    @tf.RegisterGradient("DlrmEmbeddingLookup")
+    def _embedding_lookup_gradient(op: Any, gradient: Any) -> Any:
+        # Each table's rows, as `tf.gather`'s gradient gives them. The trainer's
+        # SGD skips this (DlrmEmbeddingSgd reads the undivided gradient); other
+        # optimizers and callers of tf.GradientTape get it.
+        widths = op.get_attr("widths")
+        ids = op.inputs[len(widths)]
+        pieces = tf.split(tf.cast(gradient, tf.float32), widths, axis=1)
+        slices = [
+            tf.IndexedSlices(
+                piece, ids[:, t], tf.raw_ops.VariableShape(input=op.inputs[t], out_type=tf.int64)
+            )
+            for t, piece in enumerate(pieces)
+        ]
+        return [*slices, None]

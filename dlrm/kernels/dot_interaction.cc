@@ -29,6 +29,8 @@
 #include "tensorflow/core/framework/shape_inference.h"
 #include "tensorflow/core/util/work_sharder.h"
 
+#include "bfloat16.h"
+
 namespace dlrm {
 
 using tensorflow::DEVICE_CPU;
@@ -159,30 +161,7 @@ __attribute__((target_clones("avx512f", "avx2", "default"))) void SampleGradient
   }
 }
 
-// float32 <-> T over arrays. For bfloat16 both loops vectorise: widening is a
-// shift, narrowing rounds to nearest even, as Eigen's conversion, and keeps NaN a
-// (quiet) NaN.
-__attribute__((target_clones("avx512f", "avx2", "default"))) void Widen(
-    const Eigen::bfloat16* in, int64_t count, float* out) {
-  const uint16_t* bits = reinterpret_cast<const uint16_t*>(in);
-  for (int64_t k = 0; k < count; ++k) {
-    const uint32_t wide = static_cast<uint32_t>(bits[k]) << 16;
-    std::memcpy(out + k, &wide, sizeof(wide));
-  }
-}
-
-__attribute__((target_clones("avx512f", "avx2", "default"))) void Narrow(
-    const float* in, int64_t count, Eigen::bfloat16* out) {
-  uint16_t* bits = reinterpret_cast<uint16_t*>(out);
-  for (int64_t k = 0; k < count; ++k) {
-    uint32_t x;
-    std::memcpy(&x, in + k, sizeof(x));
-    const uint32_t rounded = (x + 0x7fffu + ((x >> 16) & 1u)) >> 16;
-    const uint32_t quiet_nan = (x >> 16) | 0x40u;
-    bits[k] = static_cast<uint16_t>((x & 0x7fffffffu) > 0x7f800000u ? quiet_nan : rounded);
-  }
-}
-
+// float32 <-> T over arrays: bfloat16's in bfloat16.h.
 inline void Widen(const float* in, int64_t count, float* out) { std::copy(in, in + count, out); }
 inline void Narrow(const float* in, int64_t count, float* out) { std::copy(in, in + count, out); }
 

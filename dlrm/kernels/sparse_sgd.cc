@@ -43,7 +43,11 @@ using tensorflow::Var;
 using tensorflow::errors::InvalidArgument;
 
 typedef float Lanes __attribute__((vector_size(64)));
-constexpr int64_t kLanes = 16;
+typedef uint32_t Words __attribute__((vector_size(64)));
+typedef uint16_t Halves __attribute__((vector_size(32)));
+constexpr int64_t kLanes = 16;  // also the floats of a cache line
+// Rows asked for from memory ahead of their update (DlrmEmbeddingSgd).
+constexpr int64_t kAhead = 8;
 
 // row -= rate * update over `width` values; update float32.
 __attribute__((target_clones("avx512f", "avx2", "default"))) void Subtract(
@@ -64,11 +68,12 @@ __attribute__((target_clones("avx512f", "avx2", "default"))) void SubtractBfloat
     float* row, const uint16_t* update, float rate, int64_t width) {
   int64_t k = 0;
   for (; k + kLanes <= width; k += kLanes) {
-    uint32_t bits[kLanes];
-    for (int64_t l = 0; l < kLanes; ++l) bits[l] = static_cast<uint32_t>(update[k + l]) << 16;
+    Halves half;
+    std::memcpy(&half, update + k, sizeof(half));
+    const Words bits = __builtin_convertvector(half, Words) << 16;
     Lanes r, u;
     std::memcpy(&r, row + k, sizeof(r));
-    std::memcpy(&u, bits, sizeof(u));
+    std::memcpy(&u, &bits, sizeof(u));
     r -= rate * u;
     std::memcpy(row + k, &r, sizeof(r));
   }
@@ -80,24 +85,16 @@ __attribute__((target_clones("avx512f", "avx2", "default"))) void SubtractBfloat
   }
 }
 
-template <typename Index>
-Status UpdateTable(Var* var, int table, const Tensor& indices, const Tensor& values,
-                   float rate) {
-  tensorflow::mutex_lock lock(*var->mu());
+// Checks that `var` (the op's `table`-th) is a float32 matrix and puts it in
+// copy-on-read mode, as TensorFlow's sparse updates do: a buffer a reader still
+// holds is copied first, so that value is never changed under its reader. The
+// caller holds the variable's lock.
+Status PrepareTable(Var* var, const char* op, int table) {
   Tensor* params = var->tensor();
   if (params->dtype() != tensorflow::DT_FLOAT || params->dims() != 2) {
-    return InvalidArgument("DlrmSparseSgd: variables[", table, "] is ",
+    return InvalidArgument(op, ": variables[", table, "] is ",
                            tensorflow::DataTypeString(params->dtype()), " ",
                            params->shape().DebugString(), "; expected a float32 matrix");
-  }
-  const int64_t rows = params->dim_size(0);
-  const int64_t width = params->dim_size(1);
-  const int64_t count = indices.NumElements();
-  if (indices.dims() != 1 || values.dims() != 2 || values.dim_size(0) != count ||
-      values.dim_size(1) != width) {
-    return InvalidArgument("DlrmSparseSgd: table ", table, " ", params->shape().DebugString(),
-                           ": expected indices [n] and values [n, ", width, "], got ",
-                           indices.shape().DebugString(), " and ", values.shape().DebugString());
   }
   if (!var->copy_on_read_mode.load()) {
     if (!params->RefCountIsOne()) {  // a reader holds the buffer: update a copy
@@ -106,6 +103,32 @@ Status UpdateTable(Var* var, int table, const Tensor& indices, const Tensor& val
       *params = copy;
     }
     var->copy_on_read_mode.store(true);
+  }
+  return Status();
+}
+
+// row -= rate * update for a float32 or bfloat16 update.
+inline void SubtractRow(float* row, const float* update, float rate, int64_t width) {
+  Subtract(row, update, rate, width);
+}
+inline void SubtractRow(float* row, const Eigen::bfloat16* update, float rate, int64_t width) {
+  SubtractBfloat16(row, reinterpret_cast<const uint16_t*>(update), rate, width);
+}
+
+template <typename Index>
+Status UpdateTable(Var* var, int table, const Tensor& indices, const Tensor& values,
+                   float rate) {
+  tensorflow::mutex_lock lock(*var->mu());
+  TF_RETURN_IF_ERROR(PrepareTable(var, "DlrmSparseSgd", table));
+  Tensor* params = var->tensor();
+  const int64_t rows = params->dim_size(0);
+  const int64_t width = params->dim_size(1);
+  const int64_t count = indices.NumElements();
+  if (indices.dims() != 1 || values.dims() != 2 || values.dim_size(0) != count ||
+      values.dim_size(1) != width) {
+    return InvalidArgument("DlrmSparseSgd: table ", table, " ", params->shape().DebugString(),
+                           ": expected indices [n] and values [n, ", width, "], got ",
+                           indices.shape().DebugString(), " and ", values.shape().DebugString());
   }
   float* data = params->flat<float>().data();
   const Index* ids = indices.flat<Index>().data();
@@ -118,12 +141,12 @@ Status UpdateTable(Var* var, int table, const Tensor& indices, const Tensor& val
   if (values.dtype() == tensorflow::DT_FLOAT) {
     const float* update = values.flat<float>().data();
     for (int64_t r = 0; r < count; ++r) {
-      Subtract(data + ids[r] * width, update + r * width, rate, width);
+      SubtractRow(data + ids[r] * width, update + r * width, rate, width);
     }
   } else {
-    const uint16_t* update = reinterpret_cast<const uint16_t*>(values.data());
+    const Eigen::bfloat16* update = values.flat<Eigen::bfloat16>().data();
     for (int64_t r = 0; r < count; ++r) {
-      SubtractBfloat16(data + ids[r] * width, update + r * width, rate, width);
+      SubtractRow(data + ids[r] * width, update + r * width, rate, width);
     }
   }
   return Status();
@@ -186,5 +209,121 @@ REGISTER_OP("DlrmSparseSgd")
     .SetShapeFn([](tensorflow::shape_inference::InferenceContext*) { return Status(); });
 
 REGISTER_KERNEL_BUILDER(Name("DlrmSparseSgd").Device(DEVICE_CPU), SparseSgdOp);
+
+// DlrmEmbeddingSgd: SGD on the rows that DlrmEmbeddingLookup (embedding_lookup.cc)
+// read, from the gradient of its undivided output: tables (N float32 [rows_t,
+// widths[t]] resource variables), ids ([B, N] int32 or int64), gradient ([B,
+// widths[0] + ... + widths[N - 1]] float32 or bfloat16), learning_rate (float32
+// scalar): tables[t][ids[b, t]] -= learning_rate * (table t's columns of
+// gradient[b]) for every b. Tables are shared among the threads as above, so a
+// table's duplicate ids apply in turn; an id out of range is an error before its
+// table changes.
+template <typename T, typename Index>
+class EmbeddingSgdOp : public OpKernel {
+ public:
+  explicit EmbeddingSgdOp(OpKernelConstruction* context) : OpKernel(context) {
+    OP_REQUIRES_OK(context, context->GetAttr("widths", &widths_));
+  }
+
+  void Compute(OpKernelContext* context) override {
+    const int tables = static_cast<int>(widths_.size());
+    OP_REQUIRES(context, context->num_inputs() == tables + 3,
+                InvalidArgument("DlrmEmbeddingSgd: expected one width per table, got ",
+                                widths_.size(), " widths for ", context->num_inputs() - 3,
+                                " tables"));
+    const Tensor& ids = context->input(tables);
+    const Tensor& gradient = context->input(tables + 1);
+    const Tensor& rate = context->input(tables + 2);
+    int64_t total = 0;
+    std::vector<int64_t> offsets(tables);
+    for (int t = 0; t < tables; ++t) offsets[t] = total, total += widths_[t];
+    OP_REQUIRES(context,
+                ids.dims() == 2 && ids.dim_size(1) == tables && gradient.dims() == 2 &&
+                    gradient.dim_size(0) == ids.dim_size(0) && gradient.dim_size(1) == total,
+                InvalidArgument("DlrmEmbeddingSgd: expected ids [B, ", tables,
+                                "] and gradient [B, ", total, "], got ",
+                                ids.shape().DebugString(), " and ",
+                                gradient.shape().DebugString()));
+    OP_REQUIRES(context, rate.dims() == 0,
+                InvalidArgument("DlrmEmbeddingSgd: expected a scalar learning_rate, got ",
+                                rate.shape().DebugString()));
+    std::vector<tensorflow::core::RefCountPtr<Var>> vars(tables);
+    for (int t = 0; t < tables; ++t) {
+      OP_REQUIRES_OK(context, tensorflow::LookupResource(
+                                  context, tensorflow::HandleFromInput(context, t), &vars[t]));
+    }
+    const int64_t batch = ids.dim_size(0);
+    const Index* id = ids.flat<Index>().data();
+    const T* update = gradient.flat<T>().data();
+    const float learning_rate = rate.scalar<float>()();
+    std::vector<Status> status(tables);
+    auto work = [&](int64_t start, int64_t limit) {
+      for (int64_t t = start; t < limit; ++t) {
+        status[t] = UpdateColumns(vars[t].get(), static_cast<int>(t), id, update, batch,
+                                  offsets[t], total, learning_rate);
+      }
+    };
+    auto* workers = context->device()->tensorflow_cpu_worker_threads();
+    tensorflow::Shard(workers->num_threads, workers->workers, tables,
+                      std::max<int64_t>(1, batch * total / std::max(tables, 1)), work);
+    for (const Status& s : status) OP_REQUIRES_OK(context, s);
+  }
+
+ private:
+  Status UpdateColumns(Var* var, int table, const Index* id, const T* update, int64_t batch,
+                       int64_t offset, int64_t total, float rate) const {
+    const int tables = static_cast<int>(widths_.size());
+    const int64_t width = widths_[table];
+    tensorflow::mutex_lock lock(*var->mu());
+    TF_RETURN_IF_ERROR(PrepareTable(var, "DlrmEmbeddingSgd", table));
+    Tensor* params = var->tensor();
+    const int64_t rows = params->dim_size(0);
+    if (params->dim_size(1) != width) {
+      return InvalidArgument("DlrmEmbeddingSgd: variables[", table, "] is ",
+                             params->shape().DebugString(), "; expected [rows, ", width, "]");
+    }
+    for (int64_t b = 0; b < batch; ++b) {
+      const Index row = id[b * tables + table];
+      if (row < 0 || row >= rows) {
+        return InvalidArgument("DlrmEmbeddingSgd: ids[", b, ", ", table, "] = ", row,
+                               " is not a row of table ", table, " (expected [0, ", rows, "))");
+      }
+    }
+    float* data = params->flat<float>().data();
+    for (int64_t b = 0; b < batch; ++b) {
+      if (b + kAhead < batch) {  // the table is far larger than the caches
+        const float* ahead = data + id[(b + kAhead) * tables + table] * width;
+        for (int64_t k = 0; k < width; k += kLanes) __builtin_prefetch(ahead + k, 1);
+      }
+      SubtractRow(data + id[b * tables + table] * width, update + b * total + offset, rate, width);
+    }
+    return Status();
+  }
+
+  std::vector<int64_t> widths_;
+};
+
+REGISTER_OP("DlrmEmbeddingSgd")
+    .Attr("N: int >= 1")
+    .Attr("widths: list(int) >= 1")
+    .Attr("Tindices: {int32, int64}")
+    .Attr("T: {float, bfloat16}")
+    .Input("tables: N * resource")
+    .Input("ids: Tindices")
+    .Input("gradient: T")
+    .Input("learning_rate: float")
+    .SetShapeFn([](tensorflow::shape_inference::InferenceContext*) { return Status(); });
+
+#define REGISTER(T, Index)                                               \
+  REGISTER_KERNEL_BUILDER(Name("DlrmEmbeddingSgd")                       \
+                              .Device(DEVICE_CPU)                        \
+                              .TypeConstraint<T>("T")                    \
+                              .TypeConstraint<Index>("Tindices"),        \
+                          EmbeddingSgdOp<T, Index>);
+REGISTER(float, int32_t)
+REGISTER(float, int64_t)
+REGISTER(Eigen::bfloat16, int32_t)
+REGISTER(Eigen::bfloat16, int64_t)
+#undef REGISTER
 
 }  // namespace dlrm

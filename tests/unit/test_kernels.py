@@ -12,6 +12,7 @@ import pytest
 import tensorflow as tf
 
 from dlrm import kernels
+from dlrm.embedding.base import fused_lookup
 from dlrm.interaction import dot_interaction
 from dlrm.optimizers import Sgd
 
@@ -212,6 +213,152 @@ def test_sgd_with_kernels_equals_sgd_without(library: object) -> None:
     for ours, reference in zip(*results, strict=True):
         np.testing.assert_allclose(ours, reference, rtol=1e-6, atol=1e-6)
     np.testing.assert_allclose(results[0][0], 0.95)
+
+
+def _tables(widths: list[int], rows: list[int], seed: int) -> list[tf.Variable]:
+    rng = np.random.default_rng(seed)
+    return [
+        tf.Variable(rng.normal(size=(r, w)).astype(np.float32))
+        for r, w in zip(rows, widths, strict=True)
+    ]
+
+
+def _lookup(
+    library: object, tables: list[tf.Variable], ids: tf.Tensor, dtype: tf.DType
+) -> tf.Tensor:
+    return library.dlrm_embedding_lookup(  # type: ignore[attr-defined]
+        tables=[t.handle for t in tables], ids=ids, widths=[t.shape[1] for t in tables], T=dtype
+    )
+
+
+@pytest.mark.parametrize(
+    ("widths", "index_dtype", "dtype"),
+    [
+        ([128] * 26, tf.int32, tf.float32),  # the default model's tables
+        ([5, 19, 1, 40], tf.int64, tf.float32),  # widths that differ, below a cache line
+        ([128] * 26, tf.int64, tf.bfloat16),
+        ([3, 33, 16], tf.int32, tf.bfloat16),
+    ],
+)
+def test_embedding_lookup_matches_gathers_side_by_side(
+    library: object, widths: list[int], index_dtype: tf.DType, dtype: tf.DType
+) -> None:
+    rows = [50 + 7 * t for t in range(len(widths))]
+    tables = _tables(widths, rows, 8)
+    rng = np.random.default_rng(9)
+    ids = tf.constant(
+        np.stack([rng.integers(0, r, 300) for r in rows], axis=1), index_dtype
+    )  # 300 samples: the threads' ranges end mid-sample's prefetch window
+    ours = _lookup(library, tables, ids, dtype)
+    reference = tf.concat(
+        [tf.cast(tf.gather(t, ids[:, i]), dtype) for i, t in enumerate(tables)], axis=1
+    )
+    assert ours.dtype == dtype and ours.shape == (300, sum(widths))
+    # A copy in float32; in bfloat16 the same rounding as TensorFlow's cast.
+    np.testing.assert_array_equal(_as_float(ours), _as_float(reference))
+
+
+def test_embedding_lookup_gradient_is_each_tables_rows(library: object) -> None:
+    """Through tf.GradientTape (`fused_lookup` tells the tape of the tables, as
+    tf.gather does): what tf.gather's gradient gives each table."""
+    tables = _tables([4, 6], [9, 11], 10)
+    ids = tf.constant([[0, 3], [8, 3], [0, 10]])
+    upstream = tf.constant(np.arange(30, dtype=np.float32).reshape(3, 10))
+    with tf.GradientTape() as tape:
+        out = fused_lookup(tables, ids, tf.float32)
+    ours = tape.gradient(out, tables, output_gradients=upstream)
+    with tf.GradientTape() as tape:
+        reference_out = tf.concat([tf.gather(t, ids[:, i]) for i, t in enumerate(tables)], 1)
+    reference = tape.gradient(reference_out, tables, output_gradients=upstream)
+    for a, b in zip(ours, reference, strict=True):
+        assert isinstance(a, tf.IndexedSlices)
+        np.testing.assert_array_equal(tf.convert_to_tensor(a), tf.convert_to_tensor(b))
+
+
+def test_embedding_lookup_rejects_bad_ids_and_widths(library: object) -> None:
+    tables = _tables([4, 4], [10, 20], 11)
+    with pytest.raises(
+        tf.errors.InvalidArgumentError,
+        match=r"ids\[1, 0\] = 10 is not a row of table 0 \(expected \[0, 10\)\)",
+    ):
+        _lookup(library, tables, tf.constant([[9, 19], [10, 0], [-1, 0]]), tf.float32)
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"expected ids \[B, 2\]"):
+        _lookup(library, tables, tf.constant([[1, 2, 3]]), tf.float32)
+    with pytest.raises(
+        tf.errors.InvalidArgumentError, match=r"tables\[1\] is float .*expected float32 \[rows, 5\]"
+    ):
+        library.dlrm_embedding_lookup(  # type: ignore[attr-defined]
+            tables=[t.handle for t in tables],
+            ids=tf.constant([[1, 2]]),
+            widths=[4, 5],
+            T=tf.float32,
+        )
+
+
+@pytest.mark.parametrize(
+    ("index_dtype", "dtype"), [(tf.int32, tf.float32), (tf.int64, tf.bfloat16)]
+)
+def test_embedding_sgd_applies_the_undivided_gradient(
+    library: object, index_dtype: tf.DType, dtype: tf.DType
+) -> None:
+    widths, rows = [16, 3, 40], [30, 5, 200]  # table 1: many duplicate ids
+    tables = _tables(widths, rows, 12)
+    initial = [t.numpy() for t in tables]
+    rng = np.random.default_rng(13)
+    ids = np.stack([rng.integers(0, r, 64) for r in rows], axis=1)
+    gradient = tf.constant(rng.normal(size=(64, sum(widths))), dtype)
+    library.dlrm_embedding_sgd(  # type: ignore[attr-defined]
+        tables=[t.handle for t in tables],
+        ids=tf.constant(ids, index_dtype),
+        gradient=gradient,
+        learning_rate=tf.constant(0.5),
+        widths=widths,
+    )
+    values = _as_float(gradient)
+    offsets = np.cumsum([0, *widths])
+    for t, table in enumerate(tables):
+        expected = initial[t].copy()
+        np.subtract.at(expected, ids[:, t], 0.5 * values[:, offsets[t] : offsets[t + 1]])
+        np.testing.assert_allclose(
+            table.numpy(), expected, rtol=1e-6, atol=1e-5, err_msg=f"table {t}"
+        )
+
+
+def test_embedding_sgd_rejects_an_id_out_of_range_and_leaves_its_table(library: object) -> None:
+    tables = _tables([4], [10], 14)
+    initial = tables[0].numpy()
+    before = tables[0].read_value()
+    with pytest.raises(
+        tf.errors.InvalidArgumentError, match=r"ids\[2, 0\] = 12 is not a row of table 0"
+    ):
+        library.dlrm_embedding_sgd(  # type: ignore[attr-defined]
+            tables=[tables[0].handle],
+            ids=tf.constant([[1], [2], [12]]),
+            gradient=tf.ones([3, 4]),
+            learning_rate=tf.constant(1.0),
+            widths=[4],
+        )
+    np.testing.assert_array_equal(tables[0].numpy(), initial)
+    with pytest.raises(
+        tf.errors.InvalidArgumentError, match=r"expected ids \[B, 1\] and gradient \[B, 4\]"
+    ):
+        library.dlrm_embedding_sgd(  # type: ignore[attr-defined]
+            tables=[tables[0].handle],
+            ids=tf.constant([[1]]),
+            gradient=tf.ones([1, 5]),
+            learning_rate=tf.constant(1.0),
+            widths=[4],
+        )
+    # A value read before an update keeps what it read (copy-on-read, as above).
+    library.dlrm_embedding_sgd(  # type: ignore[attr-defined]
+        tables=[tables[0].handle],
+        ids=tf.constant([[1]]),
+        gradient=tf.ones([1, 4]),
+        learning_rate=tf.constant(1.0),
+        widths=[4],
+    )
+    np.testing.assert_array_equal(before.numpy(), initial)
+    np.testing.assert_allclose(tables[0].numpy()[1], initial[1] - 1.0)
 
 
 def test_library_name_follows_sources_and_tensorflow(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -6,6 +6,7 @@ import io
 from collections.abc import Callable
 from itertools import pairwise
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -97,11 +98,31 @@ def test_kernels_train_as_tensorflow_ops_do(dataset: Path, optimizer: str) -> No
     assert ours.trainer is not None and reference.trainer is not None
     assert ours.model.use_kernels and ours.model.interaction.use_kernel
     assert not reference.model.use_kernels and not reference.model.interaction.use_kernel
-    for b in batches(dataset, 4):
+    data = batches(dataset, 4)
+    for b in data:
         a, r = float(ours.trainer.train_step(b)), float(reference.trainer.train_step(b))
         assert a == pytest.approx(r, rel=1e-5)
     for a, r in zip(weights(ours), weights(reference), strict=True):
         np.testing.assert_allclose(a, r, rtol=1e-5, atol=1e-6)
+    # One lookup op for every table; SGD updates them from the vectors' undivided
+    # gradient, other optimizers from each table's rows (the lookup's gradient).
+    ops = step_op_types(ours, data[0])
+    assert "DlrmEmbeddingLookup" in ops and "ResourceGather" not in ops
+    if optimizer == "sgd":
+        assert "DlrmEmbeddingSgd" in ops and "DlrmSparseSgd" not in ops and "SplitV" not in ops
+    else:
+        assert "DlrmEmbeddingSgd" not in ops and "ResourceSparseApplyAdagradV2" in ops
+    assert "DlrmEmbeddingLookup" not in step_op_types(reference, data[0])
+
+
+def step_op_types(s: Session, batch: Any) -> set[str]:
+    """The op types of the traced training step, its nested functions included."""
+    assert s.trainer is not None
+    graph = s.trainer._train_step.get_concrete_function(batch).graph.as_graph_def()
+    nodes = list(graph.node)
+    for function in graph.library.function:
+        nodes += function.node_def
+    return {node.op for node in nodes}
 
 
 def test_without_built_kernels_training_says_so_and_runs_tensorflow_ops(
