@@ -84,16 +84,17 @@ def has_gpu() -> bool:
 
 def kernels_apply(config: RunConfig, model_config: ModelConfig, log: MetricsLog) -> bool:
     """Whether the model runs on the project's CPU kernels (`dlrm.kernels`): asked
-    for (`--use_kernels`), on CPUs, not under `--xla`, with an interaction that
-    has one, and built. When only the last fails, says so: it costs speed."""
-    if not (config.use_kernels and model_config.interaction == "dot"):
-        return False
-    if config.xla or has_gpu():
+    for (`--use_kernels`), on CPUs, not under `--xla`, and built. When only the
+    last fails, says so: it costs speed. Each part of the model uses the kernels
+    it has: the dot interaction its own, the cross interaction none, while the
+    lookups, the finite check and SGD's updates use theirs with either."""
+    if not config.use_kernels or config.xla or has_gpu():
         return False
     if kernels.load() is None:
         log.print(
-            f"the CPU kernels are not built ({kernels.library_path()} is missing): the dot "
-            "interaction runs on TensorFlow's ops, slower; `make install` builds them"
+            f"the CPU kernels are not built ({kernels.library_path()} is missing): the "
+            f"{model_config.interaction} model runs on TensorFlow's ops, slower; "
+            "`make install` builds them"
         )
         return False
     return True

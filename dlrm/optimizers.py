@@ -167,7 +167,9 @@ class Sgd(Optimizer):
 
     def _apply_sparse_all(self, updates, lr, use_kernels):  # type: ignore[no-untyped-def]
         # One op for every float32 table: rows updated in place, duplicates in turn.
-        fused = [u for u in updates if use_kernels and u[0].dtype == tf.float32]
+        fused, others = [], []
+        for update in updates:
+            (fused if use_kernels and update[0].dtype == tf.float32 else others).append(update)
         if fused:
             kernels.require().dlrm_sparse_sgd(
                 variables=[variable.handle for variable, _, _ in fused],
@@ -175,9 +177,8 @@ class Sgd(Optimizer):
                 values=[gradient.values for _, gradient, _ in fused],
                 learning_rate=lr,
             )
-        for variable, gradient, slots in updates:
-            if not (use_kernels and variable.dtype == tf.float32):
-                self._apply_sparse(variable, gradient, lr, slots)
+        for variable, gradient, slots in others:
+            self._apply_sparse(variable, gradient, lr, slots)
 
 
 class Adagrad(Optimizer):

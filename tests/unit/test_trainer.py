@@ -89,15 +89,22 @@ def test_loss_decreases(dataset: Path, optimizer: str) -> None:
     assert epoch_losses[-1] < 0.95 * epoch_losses[0], epoch_losses
 
 
-@pytest.mark.parametrize("optimizer", ["sgd", "adagrad"])
-def test_kernels_train_as_tensorflow_ops_do(dataset: Path, optimizer: str) -> None:
-    """The CPU kernels (interaction, finite check, SGD's sparse update) against
-    TensorFlow's ops, step by step from the same start."""
-    ours = session(dataset, optimizer=optimizer, learning_rate=0.2)
-    reference = session(dataset, optimizer=optimizer, learning_rate=0.2, use_kernels=False)
+@pytest.mark.parametrize(
+    ("optimizer", "interaction"), [("sgd", "dot"), ("adagrad", "dot"), ("sgd", "cross")]
+)
+def test_kernels_train_as_tensorflow_ops_do(
+    dataset: Path, optimizer: str, interaction: str
+) -> None:
+    """The CPU kernels (interaction, finite check, lookups, SGD's updates) against
+    TensorFlow's ops, step by step from the same start. The cross model (tables
+    of different widths) has no interaction kernel and uses the others."""
+    model = CROSS if interaction == "cross" else {}
+    ours = session(dataset, optimizer=optimizer, learning_rate=0.2, **model)
+    reference = session(dataset, optimizer=optimizer, learning_rate=0.2, use_kernels=False, **model)
     assert ours.trainer is not None and reference.trainer is not None
-    assert ours.model.use_kernels and ours.model.interaction.use_kernel
-    assert not reference.model.use_kernels and not reference.model.interaction.use_kernel
+    assert ours.model.use_kernels and not reference.model.use_kernels
+    if interaction == "dot":
+        assert ours.model.interaction.use_kernel and not reference.model.interaction.use_kernel
     data = batches(dataset, 4)
     for b in data:
         a, r = float(ours.trainer.train_step(b)), float(reference.trainer.train_step(b))
