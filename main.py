@@ -137,8 +137,9 @@ flags.DEFINE_bool("xla", False, "Compile the dense part (MLPs, interaction) with
 flags.DEFINE_bool(
     "use_kernels",
     True,
-    "On CPUs, run the dot interaction on the project's own kernel (built by make install; "
-    "not under --xla). --nouse_kernels: TensorFlow's ops only.",
+    "On CPUs, run the project's own kernels (built by make install): the dot interaction "
+    "(not under --xla), one-hot lookups, the finite check, SGD's updates. "
+    "--nouse_kernels: TensorFlow's ops only.",
 )
 flags.DEFINE_integer("evals_per_epoch", _D("evals_per_epoch"), "Evaluations per epoch.")
 flags.DEFINE_integer("print_freq", _D("print_freq"), "Steps between progress lines.")

@@ -91,7 +91,8 @@ def main() -> int:
         "--use_kernels",
         action=argparse.BooleanOptionalAction,
         default=True,
-        help="the project's CPU kernels, as main.py runs (default: on; not under --xla)",
+        help="the project's CPU kernels, as main.py runs (default: on; under --xla all "
+        "but the interaction's)",
     )
     args = parser.parse_args()
     batch = args.batch_size

@@ -84,11 +84,13 @@ def has_gpu() -> bool:
 
 def kernels_apply(config: RunConfig, model_config: ModelConfig, log: MetricsLog) -> bool:
     """Whether the model runs on the project's CPU kernels (`dlrm.kernels`): asked
-    for (`--use_kernels`), on CPUs, not under `--xla`, and built. When only the
-    last fails, says so: it costs speed. Each part of the model uses the kernels
-    it has: the dot interaction its own, the cross interaction none, while the
-    lookups, the finite check and SGD's updates use theirs with either."""
-    if not config.use_kernels or config.xla or has_gpu():
+    for (`--use_kernels`), on CPUs, and built. When only the last fails, says so:
+    it costs speed. Each part of the model uses the kernels it has: the dot
+    interaction its own (not under `--xla`, which compiles the dense part from
+    TensorFlow's ops), the cross interaction none, while the lookups, the finite
+    check and SGD's updates, which run outside the compiled function, use theirs
+    with either interaction and with `--xla` too."""
+    if not config.use_kernels or has_gpu():
         return False
     if kernels.load() is None:
         log.print(

@@ -188,12 +188,12 @@ class Dlrm(keras.Model):
         use_xla: the dense part will be compiled by XLA (`--xla`): the dot
             interaction then runs its products over the whole batch, not in
             chunks (see `dlrm.interaction`).
-        use_kernels: run the dot interaction on the project's CPU kernel
-            (`dlrm.kernels`; the caller checks that it is built and that the
-            model runs on CPUs), not under `use_xla`, which compiles
-            TensorFlow's ops only. The default embeddings look one-hot ids up
-            with the kernels too (`LocalEmbeddings`), and the trainer checks the
-            gradients with the kernels' `DlrmAllFinite`.
+        use_kernels: the project's CPU kernels (`dlrm.kernels`; the caller
+            checks that they are built and that the model runs on CPUs): the
+            dot interaction runs on its kernel (not under `use_xla`, which
+            compiles TensorFlow's ops only), the default embeddings look one-hot
+            ids up with one op (`LocalEmbeddings`), and the trainer checks the
+            gradients with `DlrmAllFinite` and applies SGD with the kernels.
     """
 
     def __init__(

@@ -24,8 +24,9 @@ same computation on TensorFlow's ops (`dlrm.interaction`), slower.
 
 The code is compiled for three CPU levels (AVX-512, AVX2 and baseline x86-64)
 and the best one the CPU has is picked when the library is loaded, so a library
-built on one machine runs on any x86-64 one. Not used on GPUs, nor under XLA,
-which compiles TensorFlow's own ops.
+built on one machine runs on any x86-64 one. Not used on GPUs. Under XLA
+(`--xla`) the dot interaction, inside the compiled dense part, runs on
+TensorFlow's ops; the kernels outside it (lookups, finite check, updates) run.
 """
 
 from __future__ import annotations

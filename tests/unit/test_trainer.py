@@ -90,21 +90,29 @@ def test_loss_decreases(dataset: Path, optimizer: str) -> None:
 
 
 @pytest.mark.parametrize(
-    ("optimizer", "interaction"), [("sgd", "dot"), ("adagrad", "dot"), ("sgd", "cross")]
+    ("optimizer", "interaction", "xla"),
+    [
+        ("sgd", "dot", False),
+        ("adagrad", "dot", False),
+        ("sgd", "cross", False),
+        ("sgd", "dot", True),
+    ],
 )
 def test_kernels_train_as_tensorflow_ops_do(
-    dataset: Path, optimizer: str, interaction: str
+    dataset: Path, optimizer: str, interaction: str, xla: bool
 ) -> None:
     """The CPU kernels (interaction, finite check, lookups, SGD's updates) against
     TensorFlow's ops, step by step from the same start. The cross model (tables
-    of different widths) has no interaction kernel and uses the others."""
-    model = CROSS if interaction == "cross" else {}
+    of different widths) has no interaction kernel and uses the others; so does
+    `--xla`, whose compiled dense part runs TensorFlow's interaction."""
+    model = {**(CROSS if interaction == "cross" else {}), "xla": xla}
     ours = session(dataset, optimizer=optimizer, learning_rate=0.2, **model)
     reference = session(dataset, optimizer=optimizer, learning_rate=0.2, use_kernels=False, **model)
     assert ours.trainer is not None and reference.trainer is not None
     assert ours.model.use_kernels and not reference.model.use_kernels
     if interaction == "dot":
-        assert ours.model.interaction.use_kernel and not reference.model.interaction.use_kernel
+        assert ours.model.interaction.use_kernel == (not xla)
+        assert not reference.model.interaction.use_kernel
     data = batches(dataset, 4)
     for b in data:
         a, r = float(ours.trainer.train_step(b)), float(reference.trainer.train_step(b))
@@ -119,6 +127,7 @@ def test_kernels_train_as_tensorflow_ops_do(
         assert "DlrmEmbeddingSgd" in ops and "DlrmSparseSgd" not in ops and "SplitV" not in ops
     else:
         assert "DlrmEmbeddingSgd" not in ops and "ResourceSparseApplyAdagradV2" in ops
+    assert ("DlrmDotInteraction" in ops) == (interaction == "dot" and not xla)
     assert "DlrmEmbeddingLookup" not in step_op_types(reference, data[0])
 
 
