@@ -70,13 +70,14 @@ class LocalEmbeddings(Embeddings):
         return ids
 
     def local_lookup(self, routed: Any, local_rows: Any) -> tf.Tensor:
+        fused = self.fused_ids(routed)
+        if fused is not None:
+            return fused_lookup(self.tables, fused, self.output_dtype)
         if isinstance(routed, (tuple, list)):
             vectors = [
                 pooled_lookup(table, table_ids, pooling)
                 for table, table_ids, pooling in zip(self.tables, routed, self.pooling, strict=True)
             ]
-        elif self.use_kernels:
-            return fused_lookup(self.tables, routed, self.output_dtype)
         else:
             vectors = [gather_rows(table, routed[:, t]) for t, table in enumerate(self.tables)]
         return tf.concat([tf.cast(v, self.output_dtype) for v in vectors], axis=1)

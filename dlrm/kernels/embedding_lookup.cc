@@ -46,9 +46,6 @@ using tensorflow::Var;
 using tensorflow::errors::InvalidArgument;
 namespace shape_inference = tensorflow::shape_inference;
 
-// float32 -> T over an array: a copy, or bfloat16's rounding (bfloat16.h).
-inline void Narrow(const float* in, int64_t count, float* out) { std::memcpy(out, in, count * 4); }
-
 // The rows are read from random places in tables far larger than the caches, so
 // the copy waits on memory: the row kAhead rows on (in sample-major order) is
 // asked for while this one is copied, one cache line at a time.
@@ -107,7 +104,7 @@ class EmbeddingLookupOp : public OpKernel {
     auto work = [&](int64_t start, int64_t limit) {
       // bfloat16: a sample's rows are copied into float32 here, then rounded in
       // one pass, so that the rounding does not sit between the reads.
-      std::vector<float> staging(std::is_same<T, float>::value ? 0 : total);
+      std::vector<float> staging(std::is_same_v<T, float> ? 0 : total);
       // Row i of this range is table i % tables of sample i / tables.
       for (int64_t i = start * tables; i < limit * tables; ++i) {
         const int64_t b = i / tables;
@@ -128,9 +125,9 @@ class EmbeddingLookupOp : public OpKernel {
           return;
         }
         const float* found = data[t] + row * widths_[t];
-        if (std::is_same<T, float>::value) {
+        if constexpr (std::is_same_v<T, float>) {
           std::memcpy(out + b * total + offsets[t], found, widths_[t] * sizeof(float));
-        } else {
+        } else {  // bfloat16's rounding (bfloat16.h)
           std::memcpy(staging.data() + offsets[t], found, widths_[t] * sizeof(float));
           if (t == tables - 1) Narrow(staging.data(), total, out + b * total);
         }

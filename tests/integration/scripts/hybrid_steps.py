@@ -14,8 +14,8 @@ VARIANT is fp32 (default), or a `+`-joined set of: amp (the CPU's
 mixed_bfloat16 policy), xla (the dense part compiled), cross (the DCNv2 cross
 interaction, with tables of unequal widths `CROSS_WIDTHS`), mean (every table
 pools a row's vectors by mean: with variable-length tables, by their count).
-As main.py on CPUs, the model runs on the project's CPU kernels (dlrm.kernels),
-except under xla.
+As main.py on CPUs, the model runs on the project's CPU kernels (dlrm.kernels);
+under xla all but the interaction's, which XLA's compiled dense part leaves out.
 A variable-length table is costed by the planner as 2 ids per row. Writes
 OUT/<RUN with : as _>/rank<r>.npz: dense weights by name, each shard as
 "table_<t>_<r0>_<r1>_<c0>_<c1>", the per-step losses and the rank's hostname.
