@@ -16,6 +16,7 @@ import sys
 from absl import app, flags
 
 from dlrm.config import (
+    DEFAULT_CPU_DENSE_CHUNK_ROWS,
     INPUT_MODES,
     INTERACTIONS,
     MODES,
@@ -140,6 +141,14 @@ flags.DEFINE_bool(
     "On CPUs, run the project's own kernels (built by make install): the dot interaction "
     "(not under --xla), one-hot lookups, the finite check, SGD's updates. "
     "--nouse_kernels: TensorFlow's ops only.",
+)
+flags.DEFINE_integer(
+    "dense_chunk_rows",
+    None,
+    "Run the dense part (MLPs, interaction, their gradients) over chunks of this many of "
+    "a rank's rows, one after another, summing their gradients: the same step in less "
+    f"memory. Default: {DEFAULT_CPU_DENSE_CHUNK_ROWS} on CPUs, the whole batch on GPUs; "
+    "0: the whole batch.",
 )
 flags.DEFINE_integer("evals_per_epoch", _D("evals_per_epoch"), "Evaluations per epoch.")
 flags.DEFINE_integer("print_freq", _D("print_freq"), "Steps between progress lines.")

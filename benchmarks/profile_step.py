@@ -1,7 +1,7 @@
 """Where a training step's time goes: a TensorFlow profiler trace, summed per op.
 
     python benchmarks/profile_step.py [--batch_size 8192] [--amp] [--xla] [--steps 3]
-        [--top 25] [--trace_dir DIR]
+        [--top 25] [--trace_dir DIR] [--dense_chunk_rows 8192]
 
 Builds the default model (13 numerical features, 26 tables x 100,000 x 128,
 bottom 512-256-128, top 1024-1024-512-256-1, SGD) and its `Trainer`, as
@@ -30,6 +30,7 @@ import tensorflow as tf
 from tensorflow.tsl.profiler.protobuf import xplane_pb2
 
 from dataloading.split_binary import Batch
+from dlrm.config import DEFAULT_CPU_DENSE_CHUNK_ROWS
 from dlrm.model import Dlrm, ModelConfig
 from dlrm.optimizers import Sgd
 from dlrm.precision import choose_precision
@@ -94,6 +95,12 @@ def main() -> int:
         help="the project's CPU kernels, as main.py runs (default: on; under --xla all "
         "but the interaction's)",
     )
+    parser.add_argument(
+        "--dense_chunk_rows",
+        type=int,
+        default=DEFAULT_CPU_DENSE_CHUNK_ROWS,
+        help="rows the dense part runs at a time, as main.py on CPUs (0: the whole batch)",
+    )
     args = parser.parse_args()
     batch = args.batch_size
     precision = choose_precision(args.amp, has_gpu=False)
@@ -104,7 +111,13 @@ def main() -> int:
         use_kernels=args.use_kernels,
     )
     trainer = Trainer(
-        model, Sgd(), lambda step: tf.constant(0.1), precision, batch, use_xla=args.xla
+        model,
+        Sgd(),
+        lambda step: tf.constant(0.1),
+        precision,
+        batch,
+        use_xla=args.xla,
+        dense_chunk_rows=args.dense_chunk_rows,
     )
     rng = np.random.default_rng(0)
     data = Batch(

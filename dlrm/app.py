@@ -236,6 +236,7 @@ def build_session(
     model_config = model_config_for(spec, config)
     keras.utils.set_random_seed(config.seed)
     precision = choose_precision(config.amp, has_gpu())
+    dense_chunk_rows = config.dense_chunk_rows_for(has_gpu())
     plan = None
     embeddings = None
     hosts = [socket.gethostname()]
@@ -287,8 +288,9 @@ def build_session(
             global_batch_size=config.batch_size,
             use_xla=config.xla,
             collectives=collectives,
+            dense_chunk_rows=dense_chunk_rows,
         )
-    predictor = Predictor(model, use_xla=config.xla)
+    predictor = Predictor(model, use_xla=config.xla, dense_chunk_rows=dense_chunk_rows)
     # Every rank starts from rank 0's dense weights (tables are initialised as slices).
     collectives.broadcast_variables(model.dense_variables)
     return Session(

@@ -7,15 +7,18 @@ from typing import Any
 import tensorflow as tf
 
 from dlrm.model import Dlrm
+from dlrm.row_chunks import chunk_bounds, in_sequence
 
 
 class Predictor:
     """Click probabilities of `model`, the dense part compiled with XLA when
-    `use_xla`. Under several ranks every rank must call `predict` for each
-    batch (the sharded lookup has collectives)."""
+    `use_xla`, over chunks of `dense_chunk_rows` rows one after another (0: the
+    whole batch at once; `dlrm.row_chunks`). Under several ranks every rank
+    must call `predict` for each batch (the sharded lookup has collectives)."""
 
-    def __init__(self, model: Dlrm, use_xla: bool = False) -> None:
+    def __init__(self, model: Dlrm, use_xla: bool = False, dense_chunk_rows: int = 0) -> None:
         self.model = model
+        self.dense_chunk_rows = dense_chunk_rows
         model.build_all()
         self._dense = tf.function(self._dense_eager, jit_compile=use_xla)
         self._predict = tf.function(self._predict_eager)
@@ -25,7 +28,11 @@ class Predictor:
 
     def _predict_eager(self, numerical: tf.Tensor, categorical: Any) -> tf.Tensor:
         vectors = self.model.embeddings(categorical, tf.shape(numerical)[0])
-        return self._dense(numerical, vectors)
+        bounds = chunk_bounds(numerical.shape[0], self.dense_chunk_rows)
+        if len(bounds) == 1:
+            return self._dense(numerical, vectors)
+        chunks = in_sequence(bounds, [numerical, vectors], lambda *chunk: [self._dense(*chunk)])
+        return tf.concat([chunk[0] for chunk in chunks], axis=0)
 
     def predict(self, numerical: tf.Tensor, categorical: Any) -> tf.Tensor:
         """Click probabilities [B, 1] float32 for the local rows."""

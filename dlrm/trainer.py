@@ -8,7 +8,9 @@ compiled function and autodiff:
    then the output distribution (alltoall when sharded) to [L, T, D] vectors;
 2. the dense part: bottom MLP, interaction, top MLP, loss and the gradients of
    the loss with respect to the dense weights *and the vectors*, in one
-   function that `--xla` compiles with `jit_compile=True`;
+   function that `--xla` compiles with `jit_compile=True`, run over chunks of
+   `dense_chunk_rows` rows one after another (`dlrm.row_chunks`), their
+   gradients summed;
 3. the embedding backward: the vectors' gradient through the output
    distribution (the reverse alltoall, on every rank), then through the local
    lookup (`tape.gradient(..., output_gradients=...)`), giving row-sparse
@@ -42,6 +44,7 @@ from dlrm.dist import Collectives
 from dlrm.model import Dlrm
 from dlrm.optimizers import Optimizer, Sgd
 from dlrm.precision import DynamicLossScale, Precision
+from dlrm.row_chunks import chunk_bounds, in_sequence
 
 DENSE_EXCHANGE = "dense"
 
@@ -91,6 +94,9 @@ class Trainer:
         precision: the dtype policy the model was built with.
         global_batch_size: the loss divides by it (the same on every rank).
         use_xla: compile the dense part with XLA.
+        dense_chunk_rows: run the dense part over chunks of this many of the
+            rank's rows, one after another, and sum their gradients (0: the
+            whole batch at once). Bounds the activations' memory.
         collectives: the ranks. Dense gradients and those of replicated
             (data-parallel) tables are summed over ranks; model-parallel shards'
             gradients already are the global loss's. One process by default.
@@ -105,6 +111,7 @@ class Trainer:
         global_batch_size: int,
         use_xla: bool = False,
         collectives: Collectives | None = None,
+        dense_chunk_rows: int = 0,
     ) -> None:
         self.model = model
         self.optimizer = optimizer
@@ -112,6 +119,7 @@ class Trainer:
         self.precision = precision
         self.global_batch_size = global_batch_size
         self.use_xla = use_xla
+        self.dense_chunk_rows = dense_chunk_rows
         self.collectives = collectives or Collectives()
         model.build_all()
         self.dense_variables = list(model.dense_variables)
@@ -151,6 +159,31 @@ class Trainer:
         gradients = tape.gradient(scaled_loss, [*self.dense_variables, vectors])
         return loss, gradients[:-1], gradients[-1]
 
+    def _dense_gradients(
+        self,
+        numerical: tf.Tensor,
+        vectors: tf.Tensor,
+        label: tf.Tensor,
+        weight: tf.Tensor,
+        loss_scale: tf.Tensor,
+    ) -> tuple[tf.Tensor, list[tf.Tensor], tf.Tensor]:
+        """The dense step over the batch in chunks of `dense_chunk_rows` rows:
+        the losses and the weights' gradients summed (each chunk's loss already
+        divides by the global batch size), the vectors' gradients stacked."""
+        bounds = chunk_bounds(numerical.shape[0], self.dense_chunk_rows)
+        if len(bounds) == 1:
+            return self._dense_step(numerical, vectors, label, weight, loss_scale)
+        chunks = in_sequence(
+            bounds,
+            [numerical, vectors, label, weight],
+            lambda *chunk: self._dense_step(*chunk, loss_scale),
+        )
+        loss, dense_gradients, _ = chunks[0]
+        for chunk_loss, gradients, _ in chunks[1:]:
+            loss = loss + chunk_loss
+            dense_gradients = [a + b for a, b in zip(dense_gradients, gradients, strict=True)]
+        return loss, dense_gradients, tf.concat([chunk[2] for chunk in chunks], axis=0)
+
     def _train_step_eager(self, batch: Batch) -> tf.Tensor:
         learning_rate = self.learning_rate(self.step)
         embeddings = self.model.embeddings
@@ -163,7 +196,7 @@ class Trainer:
             looked_up = embeddings.lookup(batch.categorical, local_rows)
         vectors = embeddings.output_distribution(looked_up, local_rows)
         scale = self.loss_scale.scale if self.loss_scale else tf.constant(1.0)
-        loss, dense_gradients, vector_gradients = self._dense_step(
+        loss, dense_gradients, vector_gradients = self._dense_gradients(
             batch.numerical, vectors, batch.label, batch.weight, scale
         )
         lookup_gradients = embeddings.output_distribution_gradient(vector_gradients, local_rows)

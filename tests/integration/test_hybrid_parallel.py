@@ -3,7 +3,8 @@ with N ranks gives the weights of 1 rank on the same global batches.
 
 With 2 ranks: every way of placing tables, both input modes and every
 optimizer; and on a mixed plan `--amp` (bfloat16 on CPU), `--xla`, and the
-DCNv2 cross interaction with tables of unequal widths (in fp32 and `--amp`). With 2, 3
+DCNv2 cross interaction with tables of unequal widths (in fp32 and `--amp`), and
+the dense part compiled and run in chunks of a rank's rows. With 2, 3
 and 4 ranks: the plans that once hung or could not be built: a rank with no
 model-parallel shard (and, with one table, no ids to read at all), no
 model-parallel table at all, a rank holding only row ranges, the planner's own
@@ -33,7 +34,13 @@ KINDS = ("data_parallel", "table_wise", "column_wise", "row_wise", "mixed")
 INPUT_MODES = ("model_parallel", "data_parallel")
 OPTIMIZERS = ("sgd", "adagrad", "adam")
 # Precision and compilation variants, on the mixed plan: (optimizer, variant).
-VARIANTS = (("adagrad", "amp"), ("adam", "xla"), ("sgd", "cross"), ("adagrad", "cross+amp"))
+VARIANTS = (
+    ("adagrad", "amp"),
+    ("adam", "xla"),
+    ("sgd", "cross"),
+    ("adagrad", "cross+amp"),
+    ("sgd", "xla+chunks"),
+)
 # Plans that must train on any number of ranks (see the module docstring).
 HARD_PLANS = ("idle_rank", "row_wise_rank", "planner", "data_parallel")
 ONE_TABLE_PLANS = ("idle_rank", "planner")

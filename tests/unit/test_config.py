@@ -9,7 +9,7 @@ import pytest
 from absl import flags
 
 from dlrm.app import eval_steps
-from dlrm.config import ConfigError, RunConfig, check_world_size
+from dlrm.config import DEFAULT_CPU_DENSE_CHUNK_ROWS, ConfigError, RunConfig, check_world_size
 
 
 def config(**overrides: object) -> RunConfig:
@@ -35,6 +35,7 @@ def config(**overrides: object) -> RunConfig:
         ({"embedding_dim": (128, 0)}, r"--embedding_dim: expected a comma-separated list"),
         ({"interaction": "cross", "num_cross_layers": 0}, r"--num_cross_layers: expected >= 1"),
         ({"pooling": ("sum", "max")}, r"--pooling: expected sum or mean, .* got 'sum,max'"),
+        ({"dense_chunk_rows": -8}, r"--dense_chunk_rows: expected >= 0 \(0: the whole batch"),
         (
             {"interaction": "cross", "cross_layer_projection_dim": -1},
             r"--cross_layer_projection_dim: expected >= 0 \(0: full rank\), got -1",
@@ -44,6 +45,13 @@ def config(**overrides: object) -> RunConfig:
 def test_errors_name_the_flag(overrides: dict, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         config(**overrides)
+
+
+def test_dense_chunks_default_to_cpus_only() -> None:
+    assert config().dense_chunk_rows_for(on_gpu=False) == DEFAULT_CPU_DENSE_CHUNK_ROWS
+    assert config().dense_chunk_rows_for(on_gpu=True) == 0  # GPUs: the whole batch
+    assert config(dense_chunk_rows=0).dense_chunk_rows_for(on_gpu=False) == 0
+    assert config(dense_chunk_rows=512).dense_chunk_rows_for(on_gpu=True) == 512
 
 
 def test_batch_must_divide_by_world_size() -> None:

@@ -131,6 +131,47 @@ def test_kernels_train_as_tensorflow_ops_do(
     assert "DlrmEmbeddingLookup" not in step_op_types(reference, data[0])
 
 
+@pytest.mark.parametrize(
+    ("optimizer", "interaction", "xla"),
+    [("sgd", "dot", False), ("adagrad", "cross", False), ("sgd", "dot", True)],
+)
+def test_dense_chunks_train_and_predict_as_the_whole_batch_does(
+    dataset: Path, optimizer: str, interaction: str, xla: bool
+) -> None:
+    """`--dense_chunk_rows`: the dense part over chunks of 24, 24 and 16 of the
+    64 rows, their gradients summed, trains as the whole batch does (float32:
+    only the order of the additions differs), and predicts the same."""
+    model = {**(CROSS if interaction == "cross" else {}), "xla": xla, "optimizer": optimizer}
+    chunked = session(dataset, learning_rate=0.2, dense_chunk_rows=24, **model)
+    whole = session(dataset, learning_rate=0.2, dense_chunk_rows=0, **model)
+    assert chunked.trainer is not None and whole.trainer is not None
+    data = batches(dataset, 4)
+    for b in data:
+        a, r = float(chunked.trainer.train_step(b)), float(whole.trainer.train_step(b))
+        assert a == pytest.approx(r, rel=1e-5)
+    for a, r in zip(weights(chunked), weights(whole), strict=True):
+        np.testing.assert_allclose(a, r, rtol=1e-5, atol=1e-6)
+    assert dense_step_calls(chunked, data[0]) == 3
+    assert dense_step_calls(whole, data[0]) == 1
+    b = data[0]
+    np.testing.assert_allclose(
+        chunked.predictor.predict(b.numerical, b.categorical).numpy(),
+        whole.predictor.predict(b.numerical, b.categorical).numpy(),
+        rtol=1e-6,
+        atol=1e-7,
+    )
+    predict = chunked.predictor._predict.get_concrete_function(b.numerical, b.categorical)
+    calls = [node.attr["f"].func.name for node in predict.graph.as_graph_def().node]
+    assert sum("_dense_eager" in name for name in calls) == 3
+
+
+def dense_step_calls(s: Session, batch: Any) -> int:
+    """How many times the traced training step calls the dense part's function."""
+    assert s.trainer is not None
+    graph = s.trainer._train_step.get_concrete_function(batch).graph.as_graph_def()
+    return sum("_dense_step_eager" in node.attr["f"].func.name for node in graph.node)
+
+
 def step_op_types(s: Session, batch: Any) -> set[str]:
     """The op types of the traced training step, its nested functions included."""
     assert s.trainer is not None

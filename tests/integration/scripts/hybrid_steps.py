@@ -13,7 +13,9 @@ one process) or a placement on the ranks:
 VARIANT is fp32 (default), or a `+`-joined set of: amp (the CPU's
 mixed_bfloat16 policy), xla (the dense part compiled), cross (the DCNv2 cross
 interaction, with tables of unequal widths `CROSS_WIDTHS`), mean (every table
-pools a row's vectors by mean: with variable-length tables, by their count).
+pools a row's vectors by mean: with variable-length tables, by their count),
+chunks (the dense part over chunks of `CHUNK_ROWS` of a rank's rows, their
+gradients summed; otherwise the whole batch at once).
 As main.py on CPUs, the model runs on the project's CPU kernels (dlrm.kernels);
 under xla all but the interaction's, which XLA's compiled dense part leaves out.
 A variable-length table is costed by the planner as 2 ids per row. Writes
@@ -47,6 +49,7 @@ from dlrm.trainer import Trainer
 from feature_spec import FeatureSpec
 
 DIM = 6
+CHUNK_ROWS = 20  # under the chunks variant: 96 rows are 20 x 4 + 16, 48 are 20 x 2 + 8
 CROSS_WIDTHS = (4, 6, 8)  # table t is CROSS_WIDTHS[t % 3] wide under the cross variant
 UNIFORM = ("data_parallel", "table_wise", "column_wise", "row_wise")
 
@@ -173,6 +176,7 @@ def train(spec, collectives, kind, input_mode, optimizer, variant, steps, batch,
         batch,
         use_xla="xla" in variant,
         collectives=collectives,
+        dense_chunk_rows=CHUNK_ROWS if "chunks" in variant else 0,
     )
     collectives.broadcast_variables(trainer.dense_variables)
     local_tables = None

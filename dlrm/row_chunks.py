@@ -1,0 +1,46 @@
+"""The rows of a batch in chunks: the dense part runs over them one after another.
+
+On CPUs the dense part of a step (MLPs, interaction and their gradients) runs
+over chunks of a rank's batch (`--dense_chunk_rows`), each after the one
+before, and their gradients are summed. The loss divides by the global batch
+size, so the sum is the whole batch's gradient, up to the order of the
+additions. What it buys is memory: only one chunk's activations are alive at a
+time, so a batch of 65536 needs the activations of 8192 rows, not of 65536
+(`docs/performance.md`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import tensorflow as tf
+
+
+def chunk_bounds(rows: int | None, chunk_rows: int) -> list[tuple[int, int | None]]:
+    """[(start, stop)] of consecutive chunks of `chunk_rows` rows covering `rows`
+    (the last one shorter when they do not divide); one chunk of the whole batch
+    when `chunk_rows` is 0, `rows` is unknown when tracing, or the batch is no
+    larger than a chunk."""
+    if rows is None or chunk_rows <= 0 or rows <= chunk_rows:
+        return [(0, rows)]
+    return [(start, min(start + chunk_rows, rows)) for start in range(0, rows, chunk_rows)]
+
+
+def in_sequence(
+    bounds: Sequence[tuple[int, int | None]],
+    inputs: Sequence[tf.Tensor],
+    run: Callable[..., Sequence[tf.Tensor]],
+) -> list[Sequence[tf.Tensor]]:
+    """`run(*chunk)` on each chunk of `inputs` (rows `start:stop` of each), each
+    chunk's slices made only once the previous chunk's outputs exist: in a
+    graph, TensorFlow would otherwise run the chunks side by side and keep all
+    their activations at once. Returns each chunk's outputs."""
+    outputs: list[Sequence[tf.Tensor]] = []
+    previous: list[tf.Tensor] = []
+    for start, stop in bounds:
+        with tf.control_dependencies(previous):
+            chunk = [tensor[start:stop] for tensor in inputs]
+        result = run(*chunk)
+        outputs.append(result)
+        previous = [t for t in tf.nest.flatten(result) if isinstance(t, tf.Tensor)]
+    return outputs
