@@ -4,14 +4,16 @@ On CPUs the dense part of a step (MLPs, interaction and their gradients) runs
 over chunks of a rank's batch (`--dense_chunk_rows`), each after the one
 before, and their gradients are summed. The loss divides by the global batch
 size, so the sum is the whole batch's gradient, up to the order of the
-additions. What it buys is memory: only one chunk's activations are alive at a
-time, so a batch of 65536 needs the activations of 8192 rows, not of 65536
-(`docs/performance.md`).
+additions. What it buys is memory: only a chunk's activations (two where a
+chunk starts before the previous one has finished) are alive at a time, so a
+batch of 65536 in chunks of 8192 needs the activations of 8192 to 16384 rows,
+not of 65536 (`docs/performance.md`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import tensorflow as tf
 
@@ -29,18 +31,20 @@ def chunk_bounds(rows: int | None, chunk_rows: int) -> list[tuple[int, int | Non
 def in_sequence(
     bounds: Sequence[tuple[int, int | None]],
     inputs: Sequence[tf.Tensor],
-    run: Callable[..., Sequence[tf.Tensor]],
-) -> list[Sequence[tf.Tensor]]:
+    run: Callable[..., Any],
+    wait_for: Callable[[Any], Sequence[tf.Tensor]] = tf.nest.flatten,
+) -> list[Any]:
     """`run(*chunk)` on each chunk of `inputs` (rows `start:stop` of each), each
-    chunk's slices made only once the previous chunk's outputs exist: in a
-    graph, TensorFlow would otherwise run the chunks side by side and keep all
-    their activations at once. Returns each chunk's outputs."""
-    outputs: list[Sequence[tf.Tensor]] = []
-    previous: list[tf.Tensor] = []
+    chunk's slices made only once `wait_for` of the previous chunk's outputs
+    exist (by default all of them): in a graph, TensorFlow would otherwise run
+    the chunks side by side and keep all their activations at once. Returns
+    each chunk's outputs."""
+    outputs: list[Any] = []
+    previous: Sequence[tf.Tensor] = []
     for start, stop in bounds:
         with tf.control_dependencies(previous):
             chunk = [tensor[start:stop] for tensor in inputs]
         result = run(*chunk)
         outputs.append(result)
-        previous = [t for t in tf.nest.flatten(result) if isinstance(t, tf.Tensor)]
+        previous = wait_for(result)
     return outputs

@@ -78,6 +78,11 @@ def all_finite(gradients: Sequence[Any], use_kernel: bool = False) -> tf.Tensor:
     return tf.reduce_all(tf.stack([tf.reduce_all(tf.math.is_finite(v)) for v in values]))
 
 
+def _rows_together(chunks: Sequence[tf.Tensor]) -> tf.Tensor:
+    """The chunks' rows as one tensor, in order."""
+    return chunks[0] if len(chunks) == 1 else tf.concat(list(chunks), axis=0)
+
+
 def _scale(gradient: Any, factor: tf.Tensor) -> Any:
     if isinstance(gradient, tf.IndexedSlices):
         return tf.IndexedSlices(gradient.values * factor, gradient.indices, gradient.dense_shape)
@@ -161,28 +166,37 @@ class Trainer:
 
     def _dense_gradients(
         self,
+        bounds: list[tuple[int, int | None]],
         numerical: tf.Tensor,
         vectors: tf.Tensor,
         label: tf.Tensor,
         weight: tf.Tensor,
         loss_scale: tf.Tensor,
-    ) -> tuple[tf.Tensor, list[tf.Tensor], tf.Tensor]:
-        """The dense step over the batch in chunks of `dense_chunk_rows` rows:
-        the losses and the weights' gradients summed (each chunk's loss already
-        divides by the global batch size), the vectors' gradients stacked."""
-        bounds = chunk_bounds(numerical.shape[0], self.dense_chunk_rows)
+    ) -> tuple[tf.Tensor, list[tf.Tensor], list[tf.Tensor]]:
+        """The dense step over the batch's rows in chunks (`bounds`, from
+        `chunk_bounds`): the losses and the weights' gradients summed (each
+        chunk's loss already divides by the global batch size), and the
+        vectors' gradient of each chunk."""
         if len(bounds) == 1:
-            return self._dense_step(numerical, vectors, label, weight, loss_scale)
+            loss, dense_gradients, vector_gradients = self._dense_step(
+                numerical, vectors, label, weight, loss_scale
+            )
+            return loss, dense_gradients, [vector_gradients]
+        # The next chunk starts once this one's vectors' gradient exists, so its
+        # forward can run beside the rest of this one's backward (the bottom
+        # MLP's, the first top layer's weight gradient) instead of after it; at
+        # most two chunks' activations are alive.
         chunks = in_sequence(
             bounds,
             [numerical, vectors, label, weight],
             lambda *chunk: self._dense_step(*chunk, loss_scale),
+            wait_for=lambda outputs: [outputs[2]],
         )
         loss, dense_gradients, _ = chunks[0]
         for chunk_loss, gradients, _ in chunks[1:]:
             loss = loss + chunk_loss
             dense_gradients = [a + b for a, b in zip(dense_gradients, gradients, strict=True)]
-        return loss, dense_gradients, tf.concat([chunk[2] for chunk in chunks], axis=0)
+        return loss, dense_gradients, [chunk[2] for chunk in chunks]
 
     def _train_step_eager(self, batch: Batch) -> tf.Tensor:
         learning_rate = self.learning_rate(self.step)
@@ -196,13 +210,20 @@ class Trainer:
             looked_up = embeddings.lookup(batch.categorical, local_rows)
         vectors = embeddings.output_distribution(looked_up, local_rows)
         scale = self.loss_scale.scale if self.loss_scale else tf.constant(1.0)
+        bounds = chunk_bounds(batch.numerical.shape[0], self.dense_chunk_rows)
         loss, dense_gradients, vector_gradients = self._dense_gradients(
-            batch.numerical, vectors, batch.label, batch.weight, scale
+            bounds, batch.numerical, vectors, batch.label, batch.weight, scale
         )
-        lookup_gradients = embeddings.output_distribution_gradient(vector_gradients, local_rows)
         if fused_ids is None:
+            lookup_gradients = embeddings.output_distribution_gradient(
+                _rows_together(vector_gradients), local_rows
+            )
             embedding_variables, exchange = self.embedding_variables, self._exchange
         else:
+            # The fused SGD updates the tables from each chunk's gradient as it
+            # is (one process: the vectors are what was looked up), so the
+            # chunks' gradients are never copied into one tensor.
+            lookup_gradients = vector_gradients
             embedding_variables, exchange = [], []
         embedding_gradients = (
             tape.gradient(looked_up, embedding_variables, output_gradients=lookup_gradients)
@@ -244,7 +265,10 @@ class Trainer:
         def update() -> None:
             self.optimizer.apply(gradients, variables, learning_rate, self.model.use_kernels)
             if fused_ids is not None:
-                embeddings.apply_fused_sgd(fused_ids, lookup_gradients, learning_rate / scale)
+                # In turn: the ops update the same tables (tf.function orders them).
+                for (start, stop), gradient in zip(bounds, lookup_gradients, strict=True):
+                    ids = fused_ids if len(bounds) == 1 else fused_ids[start:stop]
+                    embeddings.apply_fused_sgd(ids, gradient, learning_rate / scale)
 
         tf.cond(apply, update, lambda: None)
         if self.loss_scale is not None:

@@ -153,6 +153,9 @@ def test_dense_chunks_train_and_predict_as_the_whole_batch_does(
         np.testing.assert_allclose(a, r, rtol=1e-5, atol=1e-6)
     assert dense_step_calls(chunked, data[0]) == 3
     assert dense_step_calls(whole, data[0]) == 1
+    if optimizer == "sgd":  # one process's fused SGD: each chunk's gradient as it is
+        assert step_op_count(chunked, data[0], "DlrmEmbeddingSgd") == 3
+        assert step_op_count(whole, data[0], "DlrmEmbeddingSgd") == 1
     b = data[0]
     np.testing.assert_allclose(
         chunked.predictor.predict(b.numerical, b.categorical).numpy(),
@@ -172,14 +175,22 @@ def dense_step_calls(s: Session, batch: Any) -> int:
     return sum("_dense_step_eager" in node.attr["f"].func.name for node in graph.node)
 
 
-def step_op_types(s: Session, batch: Any) -> set[str]:
-    """The op types of the traced training step, its nested functions included."""
+def step_nodes(s: Session, batch: Any) -> list[Any]:
+    """The ops of the traced training step, its nested functions included."""
     assert s.trainer is not None
     graph = s.trainer._train_step.get_concrete_function(batch).graph.as_graph_def()
     nodes = list(graph.node)
     for function in graph.library.function:
         nodes += function.node_def
-    return {node.op for node in nodes}
+    return nodes
+
+
+def step_op_types(s: Session, batch: Any) -> set[str]:
+    return {node.op for node in step_nodes(s, batch)}
+
+
+def step_op_count(s: Session, batch: Any, op: str) -> int:
+    return sum(node.op == op for node in step_nodes(s, batch))
 
 
 def test_without_built_kernels_training_says_so_and_runs_tensorflow_ops(
