@@ -114,11 +114,7 @@ def test_kernels_train_as_tensorflow_ops_do(
         assert ours.model.interaction.use_kernel == (not xla)
         assert not reference.model.interaction.use_kernel
     data = batches(dataset, 4)
-    for b in data:
-        a, r = float(ours.trainer.train_step(b)), float(reference.trainer.train_step(b))
-        assert a == pytest.approx(r, rel=1e-5)
-    for a, r in zip(weights(ours), weights(reference), strict=True):
-        np.testing.assert_allclose(a, r, rtol=1e-5, atol=1e-6)
+    assert_train_alike(ours, reference, data)
     # One lookup op for every table; SGD updates them from the vectors' undivided
     # gradient, other optimizers from each table's rows (the lookup's gradient).
     ops = step_op_types(ours, data[0])
@@ -146,11 +142,7 @@ def test_dense_chunks_train_and_predict_as_the_whole_batch_does(
     whole = session(dataset, learning_rate=0.2, dense_chunk_rows=0, **model)
     assert chunked.trainer is not None and whole.trainer is not None
     data = batches(dataset, 4)
-    for b in data:
-        a, r = float(chunked.trainer.train_step(b)), float(whole.trainer.train_step(b))
-        assert a == pytest.approx(r, rel=1e-5)
-    for a, r in zip(weights(chunked), weights(whole), strict=True):
-        np.testing.assert_allclose(a, r, rtol=1e-5, atol=1e-6)
+    assert_train_alike(chunked, whole, data)
     assert dense_step_calls(chunked, data[0]) == 3
     assert dense_step_calls(whole, data[0]) == 1
     if optimizer == "sgd":  # one process's fused SGD: each chunk's gradient as it is
@@ -173,6 +165,17 @@ def dense_step_calls(s: Session, batch: Any) -> int:
     assert s.trainer is not None
     graph = s.trainer._train_step.get_concrete_function(batch).graph.as_graph_def()
     return sum("_dense_step_eager" in node.attr["f"].func.name for node in graph.node)
+
+
+def assert_train_alike(ours: Session, reference: Session, data: list[Batch]) -> None:
+    """Step by step the same losses, and at the end the same weights, to float32
+    rounding of differently ordered sums."""
+    assert ours.trainer is not None and reference.trainer is not None
+    for b in data:
+        a, r = float(ours.trainer.train_step(b)), float(reference.trainer.train_step(b))
+        assert a == pytest.approx(r, rel=1e-5)
+    for a, r in zip(weights(ours), weights(reference), strict=True):
+        np.testing.assert_allclose(a, r, rtol=1e-5, atol=1e-6)
 
 
 def step_nodes(s: Session, batch: Any) -> list[Any]:
