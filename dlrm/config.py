@@ -24,8 +24,8 @@ OPTIMIZERS = ("sgd", "adagrad", "adam")
 INTERACTIONS = ("dot", "cross")
 POOLINGS = ("sum", "mean")
 # The dense part's chunk on CPUs (`dense_chunk_rows`): at batch 65536 on the 2-core
-# reference machine, chunks of 8192 rows left the step as fast or a few percent
-# faster and its peak memory 1 GiB lower in fp32, 1.8 GiB under --xla
+# reference machine, chunks of 8192 rows left the step's speed as it was (within the
+# noise) and its peak memory 1 GiB lower in fp32, 1.8 GiB under --xla
 # (docs/performance.md). GPUs run the whole batch: they want large matrices.
 DEFAULT_CPU_DENSE_CHUNK_ROWS = 8192
 
