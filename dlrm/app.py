@@ -235,8 +235,9 @@ def build_session(
     spec = FeatureSpec.load(config.feature_spec_path)
     model_config = model_config_for(spec, config)
     keras.utils.set_random_seed(config.seed)
-    precision = choose_precision(config.amp, has_gpu())
-    dense_chunk_rows = config.dense_chunk_rows_for(has_gpu())
+    on_gpu = has_gpu()
+    precision = choose_precision(config.amp, on_gpu)
+    dense_chunk_rows = config.dense_chunk_rows_for(on_gpu)
     plan = None
     embeddings = None
     hosts = [socket.gethostname()]

@@ -7,7 +7,7 @@ from typing import Any
 import tensorflow as tf
 
 from dlrm.model import Dlrm
-from dlrm.row_chunks import chunk_bounds, in_sequence
+from dlrm.row_chunks import chunk_bounds, concat_rows, in_sequence
 
 
 class Predictor:
@@ -29,10 +29,8 @@ class Predictor:
     def _predict_eager(self, numerical: tf.Tensor, categorical: Any) -> tf.Tensor:
         vectors = self.model.embeddings(categorical, tf.shape(numerical)[0])
         bounds = chunk_bounds(numerical.shape[0], self.dense_chunk_rows)
-        if len(bounds) == 1:
-            return self._dense(numerical, vectors)
         chunks = in_sequence(bounds, [numerical, vectors], lambda *chunk: [self._dense(*chunk)])
-        return tf.concat([chunk[0] for chunk in chunks], axis=0)
+        return concat_rows([chunk[0] for chunk in chunks])
 
     def predict(self, numerical: tf.Tensor, categorical: Any) -> tf.Tensor:
         """Click probabilities [B, 1] float32 for the local rows."""

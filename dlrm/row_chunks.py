@@ -38,7 +38,9 @@ def in_sequence(
     chunk's slices made only once `wait_for` of the previous chunk's outputs
     exist (by default all of them): in a graph, TensorFlow would otherwise run
     the chunks side by side and keep all their activations at once. Returns
-    each chunk's outputs."""
+    each chunk's outputs; one chunk is the inputs as they are, not sliced."""
+    if len(bounds) == 1:
+        return [run(*inputs)]
     outputs: list[Any] = []
     previous: Sequence[tf.Tensor] = []
     for start, stop in bounds:
@@ -48,3 +50,8 @@ def in_sequence(
         outputs.append(result)
         previous = wait_for(result)
     return outputs
+
+
+def concat_rows(chunks: Sequence[tf.Tensor]) -> tf.Tensor:
+    """The chunks' rows as one tensor, in order (one chunk as it is)."""
+    return chunks[0] if len(chunks) == 1 else tf.concat(list(chunks), axis=0)

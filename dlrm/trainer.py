@@ -44,7 +44,7 @@ from dlrm.dist import Collectives
 from dlrm.model import Dlrm
 from dlrm.optimizers import Optimizer, Sgd
 from dlrm.precision import DynamicLossScale, Precision
-from dlrm.row_chunks import chunk_bounds, in_sequence
+from dlrm.row_chunks import chunk_bounds, concat_rows, in_sequence
 
 DENSE_EXCHANGE = "dense"
 
@@ -76,11 +76,6 @@ def all_finite(gradients: Sequence[Any], use_kernel: bool = False) -> tf.Tensor:
     if use_kernel:
         return kernels.require().dlrm_all_finite(values)
     return tf.reduce_all(tf.stack([tf.reduce_all(tf.math.is_finite(v)) for v in values]))
-
-
-def _rows_together(chunks: Sequence[tf.Tensor]) -> tf.Tensor:
-    """The chunks' rows as one tensor, in order."""
-    return chunks[0] if len(chunks) == 1 else tf.concat(list(chunks), axis=0)
 
 
 def _scale(gradient: Any, factor: tf.Tensor) -> Any:
@@ -177,11 +172,6 @@ class Trainer:
         `chunk_bounds`): the losses and the weights' gradients summed (each
         chunk's loss already divides by the global batch size), and the
         vectors' gradient of each chunk."""
-        if len(bounds) == 1:
-            loss, dense_gradients, vector_gradients = self._dense_step(
-                numerical, vectors, label, weight, loss_scale
-            )
-            return loss, dense_gradients, [vector_gradients]
         # The next chunk starts once this one's vectors' gradient exists, so its
         # forward can run beside the rest of this one's backward (the bottom
         # MLP's, the first top layer's weight gradient) instead of after it; at
@@ -216,7 +206,7 @@ class Trainer:
         )
         if fused_ids is None:
             lookup_gradients = embeddings.output_distribution_gradient(
-                _rows_together(vector_gradients), local_rows
+                concat_rows(vector_gradients), local_rows
             )
             embedding_variables, exchange = self.embedding_variables, self._exchange
         else:
