@@ -1,7 +1,7 @@
 """The benchmark suite (`make bench`): this project against plain TensorFlow, in one run.
 
     python benchmarks/suite.py [--batch_sizes 8192,65536] [--variants fp32,amp,xla,amp+xla]
-        [--ranks 1,2] [--steps 8] [--preproc_rows 1000000] [--quick]
+        [--ranks 1,2] [--steps 8] [--repeats 1] [--preproc_rows 1000000] [--quick]
         [--output benchmarks/results.json] [--plot docs/bench_batch_size.png]
 
 Measures, each in its own process (so that its peak memory is its own), on a
@@ -13,7 +13,9 @@ synthetic Criteo-shaped dataset with the default model (13 numerical features,
   for 2), and the plain TensorFlow loop of `benchmarks/plain_tf.py` (no project
   code) with the same model and batch, run right after it, with their ratio;
   samples/s is the median over `main.py`'s per-step progress records after the
-  first (the first holds tracing and compilation);
+  first (the first holds tracing and compilation); with `--repeats N` each row
+  runs ours and the plain loop in turn N times and reports the medians and the
+  median ratio of the pairs (`alternated`);
 - the achieved GFLOP/s of each (dense part, `train.dense_training_flops`) next
   to the machine's matmul GFLOP/s measured in this run;
 - 2 ranks: the share of the step spent in collectives, fp32 and `--amp`
@@ -45,6 +47,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -142,6 +146,36 @@ def train_ours(
     if not rates:
         raise RuntimeError(f"main.py wrote no progress records to {log}")
     return {"samples_per_second": statistics.median(rates), "peak_rss_bytes": peak}
+
+
+def alternated(
+    ours: Callable[[], dict[str, Any]],
+    plain: Callable[[], dict[str, Any]] | None,
+    repeats: int,
+) -> dict[str, Any]:
+    """Runs `ours` and then `plain` (if any), `repeats` times in turn; returns the
+    row's figures: each side's median samples/s and largest peak, and the
+    median of the pairs' ratios. One pair of runs moves by about 5 % (fp32 at
+    batch 8192: one suite run read 1.15, four pairs right after it 1.20-1.25)."""
+    if repeats < 1:
+        raise ValueError(f"repeats: expected at least 1, got {repeats}")
+    pairs = [(ours(), plain() if plain else None) for _ in range(repeats)]
+
+    def summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
+        rates = [run["samples_per_second"] for run in runs]
+        return {
+            "samples_per_second": statistics.median(rates),
+            "peak_rss_bytes": max(run["peak_rss_bytes"] for run in runs),
+            "runs_samples_per_second": rates,
+        }
+
+    row: dict[str, Any] = {"ours": summary([o for o, _ in pairs])}
+    if plain:
+        row["plain"] = summary([p for _, p in pairs if p is not None])
+        row["ratio"] = statistics.median(
+            o["samples_per_second"] / p["samples_per_second"] for o, p in pairs if p is not None
+        )
+    return row
 
 
 def train_plain(batch: int, variant: str, steps: int) -> dict[str, Any]:
@@ -345,6 +379,12 @@ def main() -> int:
     parser.add_argument("--variants", help=f"default {','.join(VARIANTS)}")
     parser.add_argument("--ranks", help="default 1,2")
     parser.add_argument("--steps", type=int, default=8, help="timed training steps per run")
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        help="training runs per row, ours and the plain loop in turn; medians (default 1)",
+    )
     parser.add_argument("--preproc_rows", type=int, help="default 1,000,000; 0: skip")
     parser.add_argument("--quick", action="store_true", help="a smaller suite (see above)")
     parser.add_argument("--output", type=Path, default=ROOT / "benchmarks" / "results.json")
@@ -372,6 +412,8 @@ def main() -> int:
     unknown = [v for v in variants if v not in VARIANTS]
     if unknown:
         parser.error(f"--variants: unknown {unknown}; expected some of {list(VARIANTS)}")
+    if args.repeats < 1:
+        parser.error(f"--repeats: expected at least 1, got {args.repeats}")
     bad = [b for b in batches for r in ranks if b <= 0 or r <= 0 or b % r]
     if bad:
         parser.error(f"--batch_sizes {bad}: each must be positive and divide by every --ranks")
@@ -405,18 +447,23 @@ def main() -> int:
         for batch in batches:
             for variant in variants:
                 for rank_count in ranks:
-                    ours = train_ours(dataset, work, batch, variant, rank_count, args.steps)
                     row: dict[str, Any] = {
                         "variant": variant,
                         "batch_size": batch,
                         "ranks": rank_count,
-                        "ours": ours,
+                        "repeats": args.repeats,
+                        **alternated(
+                            partial(
+                                train_ours, dataset, work, batch, variant, rank_count, args.steps
+                            ),
+                            # The plain loop is one process.
+                            partial(train_plain, batch, variant, args.steps)
+                            if rank_count == 1
+                            else None,
+                            args.repeats,
+                        ),
                     }
-                    if rank_count == 1:  # the plain loop is one process
-                        row["plain"] = train_plain(batch, variant, args.steps)
-                        row["ratio"] = (
-                            ours["samples_per_second"] / row["plain"]["samples_per_second"]
-                        )
+                    ours = row["ours"]
                     results["training"].append(row)
                     save(results, args.output)  # a suite cut short keeps what it measured
                     ratio = f", ratio {row['ratio']:.2f}" if "ratio" in row else ""

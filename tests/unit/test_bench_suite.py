@@ -1,0 +1,69 @@
+"""The benchmark suite's measurements: peak memory (a peak shorter than its 0.1 s
+samples still counts) and repeated runs of ours and the plain loop in turn."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from benchmarks.suite import alternated, run_measured
+
+# Touches 400 MB for about 20 ms, frees it, then idles for 0.5 s: the samples
+# are 0.1 s apart, so most runs would sample only the idle process.
+BRIEF_PEAK = """
+import time
+block = bytearray(400 * 2**20)
+for offset in range(0, len(block), 4096):
+    block[offset] = 1
+del block
+time.sleep(0.5)
+print("done")
+"""
+
+
+def test_a_brief_peak_is_measured_exactly() -> None:
+    stdout, peak = run_measured([sys.executable, "-c", BRIEF_PEAK])
+    assert stdout.strip() == "done"
+    assert peak >= 400 * 2**20
+    assert peak < 400 * 2**20 + 200 * 2**20  # the interpreter's own few MB on top
+
+
+def test_a_failing_command_raises_with_its_output() -> None:
+    with pytest.raises(RuntimeError, match=r"(?s)failed \(3\).*going down"):
+        run_measured([sys.executable, "-c", "import sys; print('going down'); sys.exit(3)"])
+
+
+def test_alternated_runs_in_turn_and_reports_medians() -> None:
+    calls: list[str] = []
+    ours_rates = iter([100.0, 130.0, 120.0])
+    plain_rates = iter([100.0, 100.0, 50.0])
+
+    def ours() -> dict[str, float]:
+        calls.append("ours")
+        return {"samples_per_second": next(ours_rates), "peak_rss_bytes": 10 + len(calls)}
+
+    def plain() -> dict[str, float]:
+        calls.append("plain")
+        return {"samples_per_second": next(plain_rates), "peak_rss_bytes": 5}
+
+    row = alternated(ours, plain, 3)
+    assert calls == ["ours", "plain"] * 3
+    assert row["ours"]["samples_per_second"] == 120.0
+    assert row["ours"]["peak_rss_bytes"] == 15  # the largest of the three
+    assert row["plain"]["samples_per_second"] == 100.0
+    assert row["ratio"] == 1.3  # pairs 1.0, 1.3, 2.4: not 120 / 100
+    assert row["ours"]["runs_samples_per_second"] == [100.0, 130.0, 120.0]
+
+
+def test_alternated_without_a_plain_loop_and_with_no_runs() -> None:
+    row = alternated(lambda: {"samples_per_second": 7.0, "peak_rss_bytes": 1}, None, 2)
+    assert row == {
+        "ours": {
+            "samples_per_second": 7.0,
+            "peak_rss_bytes": 1,
+            "runs_samples_per_second": [7.0, 7.0],
+        }
+    }
+    with pytest.raises(ValueError, match="repeats: expected at least 1, got 0"):
+        alternated(lambda: {}, None, 0)
