@@ -24,6 +24,27 @@ def tree_rss(root: psutil.Process) -> int:
     return total
 
 
+def largest_peak(root: psutil.Process) -> int:
+    """Bytes: the largest peak RSS of any one process in the tree so far (the
+    kernel's high-water mark, `VmHWM` in /proc/PID/status, counted since the
+    process's last exec). Unlike the sum sampled now, it misses no short peak of
+    a process that is still running when read. (`ru_maxrss` from `wait4` would
+    not do: a child's starts at its parent's own peak, copied with the parent's
+    memory at fork and kept through exec, so a 1 GB parent reads every child
+    as at least 1 GB.)"""
+    largest = 0
+    for member in _members(root):
+        with (
+            contextlib.suppress(psutil.Error, OSError, ValueError),
+            open(f"/proc/{member.pid}/status") as status,
+        ):
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    largest = max(largest, int(line.split()[1]) * 1024)  # kB
+                    break
+    return largest
+
+
 def tree_cpu_seconds(root: psutil.Process) -> float:
     """User and system CPU seconds of `root`, its descendants and their waited-for
     children (Spark's Python workers are children of its daemon)."""

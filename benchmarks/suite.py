@@ -28,7 +28,7 @@ synthetic Criteo-shaped dataset with the default model (13 numerical features,
   log of `--preproc_rows` lines), rows/s;
 - the peak memory of each: the largest sum of RSS over the process and its
   children (Spark's JVM, horovodrun's ranks), sampled every 0.1 s, or the
-  kernel's exact peak of its largest process if higher (`run_measured`).
+  kernel's high-water mark of its largest process if higher (`run_measured`).
 
 Prints one table, writes the figures as JSON (`--output`) and a plot of
 samples/s against batch size, ours and plain, fp32 and bf16 (`--plot`).
@@ -58,7 +58,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run as a script from anywhere
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-from benchmarks.process_tree import tree_rss  # noqa: E402 (after the path)
+from benchmarks.process_tree import largest_peak, tree_rss  # noqa: E402 (after the path)
 
 TABLES = 26
 ROWS_PER_TABLE = 100_000
@@ -76,27 +76,23 @@ def run_measured(command: list[str], timeout: float = 3600) -> tuple[str, int]:
     The peak is the larger of two lower bounds of the true one: the largest sum
     of RSS over the process tree, sampled every 0.1 s (it counts horovodrun's
     ranks and Spark's JVM together, but misses peaks shorter than a sample), and
-    the kernel's exact peak of the largest single process in the tree (`ru_maxrss`
-    from `wait4`), which for a one-process run such as `main.py` on one rank
-    is the peak itself. Sampled alone, the plain loop's bf16 peak at batch
-    8192 read 2.32 GiB in one suite run and 2.27 in the next."""
+    the kernel's high-water mark of the largest single process in the tree
+    (`largest_peak`, read at the same samples), which for a one-process run
+    such as `main.py` on one rank is the peak itself, short ones included
+    (unless in the last 0.1 s before it exits). Sampled alone, the plain loop's
+    bf16 peak at batch 8192 read 2.32 GiB in one suite run and 2.27 in the next."""
     env = dict(os.environ, PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="2")
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
         process = subprocess.Popen(command, stdout=out, stderr=err, env=env, cwd=ROOT)
         root = psutil.Process(process.pid)
         peak = 0
         deadline = time.monotonic() + timeout
-        while True:
-            pid, status, usage = os.wait4(process.pid, os.WNOHANG)
-            if pid:
-                break
+        while process.poll() is None:
             if time.monotonic() > deadline:
-                process.kill()  # reaped by the next wait4
-                deadline = float("inf")
-            peak = max(peak, tree_rss(root))
+                process.kill()
+                break
+            peak = max(peak, tree_rss(root), largest_peak(root))
             time.sleep(0.1)
-        process.returncode = os.waitstatus_to_exitcode(status)
-        peak = max(peak, usage.ru_maxrss * 1024)  # KiB on Linux
         out.seek(0)
         err.seek(0)
         stdout, stderr = out.read(), err.read()
