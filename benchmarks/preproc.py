@@ -2,7 +2,7 @@
 
     python benchmarks/preproc.py [--rows 1020000] [--days 3] [--spark_master local[2]]
         [--driver_memory 4g] [--frequency_threshold 3] [--work_dir DIR] [--reuse_log]
-        [--spark_conf KEY=VALUE ...] [--json FILE]
+        [--spark_conf KEY=VALUE ...] [--runs 1] [--json FILE]
 
 Generates a Criteo-format log (`--days` day files, `--rows` lines in all, the last
 day the test split), then runs the whole pipeline (parse, vocabularies, train and
@@ -13,6 +13,13 @@ memory sampled every 0.1 s). Rows per second: input lines over the pipeline's wa
 whole run and the parse stage, the rows the stage reads for the others (train
 lines for the vocabulary, the split's rows for a split). Spark's start-up is not
 included; it is printed apart.
+
+`--runs N` runs the pipeline N times in the same Spark session, each into a
+dataset of its own. The first run is what a user's run costs. The later ones
+show the pipeline without the warm-up every new session pays (the JIT compiling
+Spark's code and the generated code of the queries, the Python workers
+starting). The JSON holds the first run's figures, and the later runs' under
+`later_runs`.
 """
 
 from __future__ import annotations
@@ -20,22 +27,26 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
 from benchmarks.process_tree import tree_cpu_seconds, tree_rss
-from preproc.config import last_day_test_config
+from preproc.config import PipelineConfig, last_day_test_config
 from preproc.pipeline import run_pipeline
 from preproc.spark import SparkSettings, parse_conf_items, print_to_stderr, start_spark
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLE_SECONDS = 0.1
@@ -94,8 +105,13 @@ def main() -> None:
     parser.add_argument(
         "--spark_conf", action="append", default=[], help="KEY=VALUE, repeatable (Spark setting)"
     )
+    parser.add_argument(
+        "--runs", type=int, default=1, help="pipeline runs in one Spark session (default 1)"
+    )
     parser.add_argument("--json", type=Path, help="also write the figures to this file")
     args = parser.parse_args()
+    if args.runs < 1:
+        parser.error(f"--runs: expected at least 1, got {args.runs}")
 
     with tempfile.TemporaryDirectory() as tmp:
         work = args.work_dir or Path(tmp)
@@ -114,37 +130,60 @@ def main() -> None:
             f"({time.perf_counter() - start:.1f} s)",
             flush=True,
         )
-        config = last_day_test_config(
-            files, work / "dataset", args.frequency_threshold, overwrite=True
-        )
         settings = SparkSettings(
             spark_master=args.spark_master,
             driver_memory=args.driver_memory,
             spark_conf=(("spark.ui.enabled", "false"), *parse_conf_items(args.spark_conf)),
         )
-        with PeakMemory() as memory:
-
-            def console(line: str) -> None:
-                # "[preproc] <stage>: started" opens a stage's sampling window.
-                words = line.split()
-                if len(words) == 3 and words[0] == "[preproc]" and words[2] == "started":
-                    memory.enter(words[1].rstrip(":"))
-                print_to_stderr(line)
-
-            start = time.perf_counter()
-            spark = start_spark(settings)
-            startup = time.perf_counter() - start
-            try:
-                start = time.perf_counter()
-                report = run_pipeline(config, spark, console)
-                elapsed = time.perf_counter() - start
-                parallelism = spark.sparkContext.defaultParallelism
-            finally:
-                memory.enter(None)
-                spark.stop()
-    figures = _figures(report, elapsed, memory)
-    figures["spark_startup_seconds"] = startup
+        start = time.perf_counter()
+        spark = start_spark(settings)
+        startup = time.perf_counter() - start
+        runs = []
+        try:
+            parallelism = spark.sparkContext.defaultParallelism
+            for run in range(args.runs):
+                dataset = work / ("dataset" if run == 0 else f"dataset_run{run + 1}")
+                config = last_day_test_config(
+                    files, dataset, args.frequency_threshold, overwrite=True
+                )
+                runs.append(_measured_run(config, spark))
+                if run > 0:  # only its figures are wanted
+                    shutil.rmtree(dataset)
+        finally:
+            spark.stop()
     print(f"Spark start-up: {startup:.1f} s (master {args.spark_master}, {parallelism} cores)")
+    for number, figures in enumerate(runs, 1):
+        if args.runs > 1:
+            print(f"run {number} of {args.runs} in this Spark session")
+        _print_stages(figures)
+    figures = {**runs[0], "spark_startup_seconds": startup}
+    if args.runs > 1:
+        figures["later_runs"] = runs[1:]
+    if args.json:
+        args.json.write_text(json.dumps(figures, indent=2) + "\n")
+
+
+def _measured_run(config: PipelineConfig, spark: SparkSession) -> dict[str, Any]:
+    """Runs the pipeline once; its figures (`_figures`)."""
+    with PeakMemory() as memory:
+
+        def console(line: str) -> None:
+            # "[preproc] <stage>: started" opens a stage's sampling window.
+            words = line.split()
+            if len(words) == 3 and words[0] == "[preproc]" and words[2] == "started":
+                memory.enter(words[1].rstrip(":"))
+            print_to_stderr(line)
+
+        start = time.perf_counter()
+        try:
+            report = run_pipeline(config, spark, console)
+        finally:
+            memory.enter(None)
+        elapsed = time.perf_counter() - start
+    return _figures(report, elapsed, memory)
+
+
+def _print_stages(figures: dict[str, Any]) -> None:
     print(f"{'stage':<12}{'rows':>12}{'seconds':>10}{'rows/s':>10}{'CPU s':>8}{'peak RSS':>12}")
     for name, stage in [*figures["stages"].items(), ("total", figures)]:
         print(
@@ -152,8 +191,6 @@ def main() -> None:
             f"{stage['rows_per_second']:>10,.0f}{stage['cpu_seconds']:>8.1f}"
             f"{stage['peak_rss_bytes'] / 2**30:>8.2f} GiB"
         )
-    if args.json:
-        args.json.write_text(json.dumps(figures, indent=2) + "\n")
 
 
 def _figures(report: dict[str, Any], elapsed: float, memory: PeakMemory) -> dict[str, Any]:

@@ -1,7 +1,7 @@
 """The benchmark suite (`make bench`): this project against plain TensorFlow, in one run.
 
     python benchmarks/suite.py [--batch_sizes 8192,65536] [--variants fp32,amp,xla,amp+xla]
-        [--ranks 1,2] [--steps 8] [--repeats 1] [--preproc_rows 1000000] [--quick]
+        [--ranks 1,2] [--steps 8] [--repeats 1] [--preproc_rows 1000000,3000000] [--quick]
         [--output benchmarks/results.json] [--plot docs/bench_batch_size.png]
 
 Measures, each in its own process (so that its peak memory is its own), on a
@@ -25,7 +25,10 @@ synthetic Criteo-shaped dataset with the default model (13 numerical features,
 - inference: `main.py --mode inference`, samples/s and p50/p99 batch latency;
 - the loader alone: samples/s of one rank reading the training split;
 - preprocessing: `benchmarks/preproc.py` (Spark local mode, a generated click
-  log of `--preproc_rows` lines), rows/s;
+  log of each size in `--preproc_rows`), rows/s per stage and in all; twice per
+  size in one Spark session, so that the cost in rows (rows/s at the largest log
+  over rows/s at the smallest) is given both for a run of its own and for a later
+  run without the session's warm-up (`cost_in_rows`);
 - the peak memory of each: the largest sum of RSS over the process and its
   children (Spark's JVM, horovodrun's ranks), sampled every 0.1 s, or the
   kernel's high-water mark of its largest process if higher (`run_measured`).
@@ -33,7 +36,7 @@ synthetic Criteo-shaped dataset with the default model (13 numerical features,
 Prints one table, writes the figures as JSON (`--output`) and a plot of
 samples/s against batch size, ours and plain, fp32 and bf16 (`--plot`).
 `--quick` measures batch 8192, fp32 and `--amp`, one rank and a 200,000-line
-log: a few minutes instead of about half an hour on 2 cores.
+log: a few minutes instead of about 40 minutes on 2 cores.
 """
 
 from __future__ import annotations
@@ -242,12 +245,32 @@ def loader_worker(dataset: Path, batch: int) -> None:
 
 
 def preprocessing(rows: int, work: Path) -> dict[str, Any]:
+    """`benchmarks/preproc.py` on a log of `rows` lines, the pipeline run twice in one
+    Spark session: the first run's figures, the second's under `later_runs`."""
     output = work / "preproc.json"
     command = [sys.executable, str(ROOT / "benchmarks" / "preproc.py"), f"--rows={rows}"]
     # 2g: the setting docs/preprocessing.md gives for this machine (4g is no faster).
-    command += ["--frequency_threshold=3", "--driver_memory=2g", f"--json={output}"]
+    command += ["--frequency_threshold=3", "--driver_memory=2g", "--runs=2", f"--json={output}"]
     run_measured(command)  # its peak would count the log's generation too
     return json.loads(output.read_text())  # peaks of the pipeline's processes, per stage
+
+
+def cost_in_rows(by_rows: dict[str, dict[str, Any]]) -> dict[str, float]:
+    """How rows/s changes with the log's size: rows/s at the largest log over rows/s
+    at the smallest, for the first run of a Spark session (`first_run`: what a
+    user's run costs) and for the last one (`later_run`: without the session's
+    warm-up). 1.0 is cost linear in the rows; above 1, a fixed cost that the larger
+    log spreads over more rows. Empty with fewer than two sizes."""
+    if len(by_rows) < 2:
+        return {}
+    sizes = sorted(by_rows, key=int)
+    small, large = by_rows[sizes[0]], by_rows[sizes[-1]]
+    ratios = {"first_run": large["rows_per_second"] / small["rows_per_second"]}
+    if small.get("later_runs") and large.get("later_runs"):
+        ratios["later_run"] = (
+            large["later_runs"][-1]["rows_per_second"] / small["later_runs"][-1]["rows_per_second"]
+        )
+    return ratios
 
 
 def matmul_peaks() -> dict[str, float]:
@@ -315,15 +338,27 @@ def print_table(results: dict[str, Any]) -> None:
             f"loader batch {row['batch_size']}: {row['samples_per_second']:,.0f} samples/s, "
             f"peak {gib(row['peak_rss_bytes'])} GiB"
         )
-    if "preprocessing" in results:
-        row = results["preprocessing"]
+    for row in results.get("preprocessing_by_rows", {}).values():
         stages = ", ".join(
             f"{name} {stage['rows_per_second']:,.0f} rows/s peak {gib(stage['peak_rss_bytes'])} GiB"
             for name, stage in row["stages"].items()
         )
+        later = "".join(
+            f"; run {number} in the same session {run['rows_per_second']:,.0f} rows/s"
+            for number, run in enumerate(row.get("later_runs", []), 2)
+        )
         print(
             f"preprocessing {row['rows']:,} lines: {row['rows_per_second']:,.0f} rows/s, "
-            f"peak {gib(row['peak_rss_bytes'])} GiB over all processes ({stages})"
+            f"peak {gib(row['peak_rss_bytes'])} GiB over all processes ({stages}){later}"
+        )
+    cost = results.get("preprocessing_cost_in_rows", {})
+    if cost:
+        sizes = sorted(results["preprocessing_by_rows"], key=int)
+        later = f", {cost['later_run']:.2f} in the later run" if "later_run" in cost else ""
+        print(
+            f"preprocessing rows/s at {int(sizes[-1]):,} lines over rows/s at "
+            f"{int(sizes[0]):,}: {cost['first_run']:.2f} in a session's first run{later} "
+            f"(1.00: cost linear in the rows)"
         )
 
 
@@ -381,7 +416,10 @@ def main() -> int:
         default=1,
         help="training runs per row, ours and the plain loop in turn; medians (default 1)",
     )
-    parser.add_argument("--preproc_rows", type=int, help="default 1,000,000; 0: skip")
+    parser.add_argument(
+        "--preproc_rows",
+        help="log sizes in lines, comma-separated (default 1000000,3000000); 0: skip",
+    )
     parser.add_argument("--quick", action="store_true", help="a smaller suite (see above)")
     parser.add_argument("--output", type=Path, default=ROOT / "benchmarks" / "results.json")
     parser.add_argument("--plot", type=Path, default=ROOT / "docs" / "bench_batch_size.png")
@@ -394,16 +432,25 @@ def main() -> int:
         "batch_sizes": "8192" if args.quick else "8192,65536",
         "variants": "fp32,amp" if args.quick else ",".join(VARIANTS),
         "ranks": "1" if args.quick else "1,2",
-        "preproc_rows": 200_000 if args.quick else 1_000_000,
+        "preproc_rows": "200000" if args.quick else "1000000,3000000",
     }
     for name, value in defaults.items():
         if getattr(args, name) is None:
             setattr(args, name, value)
-    try:
-        batches = [int(b) for b in args.batch_sizes.split(",") if b]
-        ranks = [int(r) for r in args.ranks.split(",") if r]
-    except ValueError as error:
-        parser.error(f"--batch_sizes/--ranks: expected comma-separated integers ({error})")
+
+    def integers(flag: str) -> list[int]:
+        text = getattr(args, flag)
+        try:
+            return [int(item) for item in text.split(",") if item]
+        except ValueError:
+            parser.error(f"--{flag}: expected comma-separated integers, got {text!r}")
+
+    batches, ranks, preproc_rows = (integers(f) for f in ("batch_sizes", "ranks", "preproc_rows"))
+    if any(r < 0 for r in preproc_rows) or (0 in preproc_rows and len(preproc_rows) > 1):
+        parser.error(
+            f"--preproc_rows: expected positive sizes, or 0 alone, got {args.preproc_rows!r}"
+        )
+    preproc_rows = sorted(set(preproc_rows) - {0})
     variants = [v for v in args.variants.split(",") if v]
     unknown = [v for v in variants if v not in VARIANTS]
     if unknown:
@@ -473,9 +520,13 @@ def main() -> int:
         results["inference"] = {str(b): inference(dataset, work, b) for b in batches}
         results["loader"] = {"batch_size": max(batches), **loader(dataset, max(batches))}
         save(results, args.output)
-        if args.preproc_rows:
-            print(f"preprocessing {args.preproc_rows:,} lines ...", flush=True)
-            results["preprocessing"] = preprocessing(args.preproc_rows, work)
+        if preproc_rows:
+            results["preprocessing_by_rows"] = {}
+        for rows in preproc_rows:
+            print(f"preprocessing {rows:,} lines ...", flush=True)
+            results["preprocessing_by_rows"][str(rows)] = preprocessing(rows, work)
+            results["preprocessing_cost_in_rows"] = cost_in_rows(results["preprocessing_by_rows"])
+            save(results, args.output)
     print_table(results)
     save(results, args.output)
     plot(results, args.plot)

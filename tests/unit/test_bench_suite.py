@@ -1,13 +1,18 @@
 """The benchmark suite's measurements: peak memory (a peak shorter than its 0.1 s
-samples still counts) and repeated runs of ours and the plain loop in turn."""
+samples still counts), repeated runs of ours and the plain loop in turn, and how
+preprocessing's rows/s changes with the log's size."""
 
 from __future__ import annotations
 
+import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
-from benchmarks.suite import alternated, run_measured
+from benchmarks.suite import alternated, cost_in_rows, run_measured
+
+SUITE = Path(__file__).resolve().parents[2] / "benchmarks" / "suite.py"
 
 # Touches 400 MB for about 20 ms, frees it, then idles for 0.5 s: the samples
 # are 0.1 s apart, so most runs would sample only the idle process.
@@ -73,3 +78,36 @@ def test_alternated_without_a_plain_loop_and_with_no_runs() -> None:
     }
     with pytest.raises(ValueError, match="repeats: expected at least 1, got 0"):
         alternated(lambda: {}, None, 0)
+
+
+def _run(rows_per_second: float, later: float | None = None) -> dict[str, object]:
+    figures: dict[str, object] = {"rows_per_second": rows_per_second}
+    if later is not None:
+        figures["later_runs"] = [{"rows_per_second": later}]
+    return figures
+
+
+def test_cost_in_rows_compares_the_largest_log_with_the_smallest() -> None:
+    # Keys are line counts as JSON keeps them: sorted as numbers, not as text.
+    by_rows = {
+        "3000000": _run(60_000.0, 50_000.0),
+        "1000000": _run(40_000.0, 50_000.0),
+        "200000": _run(30_000.0, 40_000.0),
+    }
+    assert cost_in_rows(by_rows) == {"first_run": 2.0, "later_run": 1.25}
+    assert cost_in_rows({"1000": _run(10.0), "3000": _run(15.0)}) == {"first_run": 1.5}
+    assert cost_in_rows({"1000": _run(10.0, 12.0)}) == {}
+
+
+@pytest.mark.parametrize("value", ["-5", "0,1000", "1e6"])
+def test_bad_preproc_rows_are_a_parser_error(value: str) -> None:
+    result = subprocess.run(
+        [sys.executable, str(SUITE), f"--preproc_rows={value}"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 2
+    assert "--preproc_rows" in result.stderr
+    assert "Traceback" not in result.stderr
