@@ -31,8 +31,8 @@ lint: install
 demo: install
 	@$(PY) packaging/demo.py $(DEMO_ARGS)
 
-# The benchmark suite: ours against a plain TensorFlow loop, in one run (about half an
-# hour on 2 cores; BENCH_ARGS=--quick for a few minutes). Table, benchmarks/results.json,
+# The benchmark suite: ours against a plain TensorFlow loop, in one run (about 35 minutes
+# on 2 cores; BENCH_ARGS=--quick for a few minutes). Table, benchmarks/results.json,
 # docs/bench_batch_size.png.
 BENCH_ARGS ?=
 bench: install

@@ -36,7 +36,8 @@ synthetic Criteo-shaped dataset with the default model (13 numerical features,
 Prints one table, writes the figures as JSON (`--output`) and a plot of
 samples/s against batch size, ours and plain, fp32 and bf16 (`--plot`).
 `--quick` measures batch 8192, fp32 and `--amp`, one rank and a 200,000-line
-log: a few minutes instead of about 40 minutes on 2 cores.
+log: a few minutes instead of about 35 on 2 cores (the 3M-line log, generated and
+run twice, takes about 5 of them).
 """
 
 from __future__ import annotations
