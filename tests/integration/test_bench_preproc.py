@@ -28,7 +28,7 @@ def test_runs_in_one_session_give_the_figures_of_each(tmp_path: Path) -> None:
     )
     assert result.returncode == 0, result.stdout + result.stderr
     figures = json.loads(output.read_text())
-    assert [run["rows"] for run in figures["later_runs"]] == [LINES]
+    assert [later_run["rows"] for later_run in figures["later_runs"]] == [LINES]
     first, later = figures, figures["later_runs"][0]
     for figures_of_run in (first, later):
         stages = figures_of_run["stages"]
