@@ -44,9 +44,15 @@ VARIANTS = (
 # Plans that must train on any number of ranks (see the module docstring).
 HARD_PLANS = ("idle_rank", "row_wise_rank", "planner", "data_parallel")
 ONE_TABLE_PLANS = ("idle_rank", "planner")
-# bfloat16 rounds to 8 bits of significand; the ranks' partial sums round differently.
 FP32_TOLERANCE = {"rtol": 1e-5, "atol": 1e-6}
-AMP_TOLERANCE = {"rtol": 2e-2, "atol": 2e-3}
+# bfloat16 rounds to 8 bits of significand, and the ranks' partial sums round
+# differently, so `--amp` runs are compared tensor by tensor: the norm of the
+# difference against the norm of the weights. Element by element, a small weight
+# can move by more than its own size: on an AVX2 CPU (bfloat16 emulated) a
+# 2-rank Adagrad run put one bottom-MLP weight at 0.0405 against 1 rank's 0.0347,
+# while the whole tensor differed by 0.4 % (bfloat16 against float32 on 1 rank:
+# 0.8 %).
+AMP_NORM_RTOL = 2e-2
 STEPS, GLOBAL_BATCH = "5", "96"  # 96 divides by 2, 3 and 4 ranks
 SCRIPT = "tests/integration/scripts/hybrid_steps.py"
 REFERENCES = [f"local:model_parallel:{o}:fp32" for o in OPTIMIZERS] + [
@@ -109,10 +115,24 @@ def load(directory: Path, rank: int) -> dict[str, np.ndarray]:
         return dict(data)
 
 
+def assert_weights_close(
+    actual: np.ndarray, desired: np.ndarray, use_norms: bool, name: str
+) -> None:
+    if not use_norms:
+        np.testing.assert_allclose(actual, desired, **FP32_TOLERANCE, err_msg=name)
+        return
+    difference = float(np.linalg.norm(actual - desired))
+    scale = float(np.linalg.norm(desired))
+    assert difference <= AMP_NORM_RTOL * scale + 1e-6, (
+        f"{name}: |actual - desired| = {difference:.3g}, more than {AMP_NORM_RTOL} x "
+        f"|desired| = {AMP_NORM_RTOL * scale:.3g}"
+    )
+
+
 def assert_ranks_equal_one(
     reference_dir: Path, run_dir: Path, ranks: int, variant: str, kind: str
 ) -> None:
-    tolerance = AMP_TOLERANCE if "amp" in variant.split("+") else FP32_TOLERANCE
+    use_norms = "amp" in variant.split("+")
     reference = load(reference_dir, 0)
     per_rank = [load(run_dir, r) for r in range(ranks)]
     tables = {
@@ -120,13 +140,15 @@ def assert_ranks_equal_one(
     }
     # Per-rank losses are each rank's share of the global mean: they add up to it.
     np.testing.assert_allclose(
-        sum(r["losses"] for r in per_rank), reference["losses"], rtol=tolerance["rtol"]
+        sum(r["losses"] for r in per_rank),
+        reference["losses"],
+        rtol=AMP_NORM_RTOL if use_norms else FP32_TOLERANCE["rtol"],
     )
     assert reference["losses"][-1] < reference["losses"][0]  # it trained
     dense = [k for k in reference if not k.startswith("table_") and k not in ("losses", "hostname")]
     for name in dense:
         for values in per_rank:  # replicated: identical on every rank, equal to one rank's
-            np.testing.assert_allclose(values[name], reference[name], **tolerance)
+            assert_weights_close(values[name], reference[name], use_norms, name)
     covered = {t: np.zeros(v.shape, int) for t, v in tables.items()}
     for values in per_rank:
         for key, shard in values.items():
@@ -134,7 +156,7 @@ def assert_ranks_equal_one(
                 continue  # dense weights, losses, hostname
             t, r0, r1, c0, c1 = key.split("_")[1:]
             r0, r1, c0, c1 = int(r0), int(r1), int(c0), int(c1)
-            np.testing.assert_allclose(shard, tables[t][r0:r1, c0:c1], **tolerance)
+            assert_weights_close(shard, tables[t][r0:r1, c0:c1], use_norms, key)
             covered[t][r0:r1, c0:c1] += 1
     for t, count in covered.items():
         assert count.min() >= 1, f"table {t} not fully held by the ranks"
