@@ -24,25 +24,33 @@ def tree_rss(root: psutil.Process) -> int:
     return total
 
 
-def largest_peak(root: psutil.Process) -> int:
-    """Bytes: the largest peak RSS of any one process in the tree so far (the
-    kernel's high-water mark, `VmHWM` in /proc/PID/status, counted since the
-    process's last exec). Unlike the sum sampled now, it misses no short peak of
-    a process that is still running when read. (`ru_maxrss` from `wait4` would
-    not do: a child's starts at its parent's own peak, copied with the parent's
-    memory at fork and kept through exec, so a 1 GB parent reads every child
-    as at least 1 GB.)"""
-    largest = 0
+def tree_memory(root: psutil.Process) -> tuple[int, int]:
+    """Bytes, in one walk of the tree: the RSS summed over it now (`tree_rss`), and
+    the largest peak RSS of any one process in it so far (the kernel's
+    high-water mark, `VmHWM` in /proc/PID/status, counted since the process's
+    last exec). Unlike the sum sampled now, the latter misses no short peak of a
+    process that is still running when read. (`ru_maxrss` from `wait4` would not
+    do: a child's starts at its parent's own peak, copied with the parent's
+    memory at fork and kept through exec, so a 1 GB parent reads every child as
+    at least 1 GB.)"""
+    total = largest = 0
     for member in _members(root):
-        with (
-            contextlib.suppress(psutil.Error, OSError, ValueError),
-            open(f"/proc/{member.pid}/status") as status,
-        ):
-            for line in status:
-                if line.startswith("VmHWM:"):
-                    largest = max(largest, int(line.split()[1]) * 1024)  # kB
-                    break
-    return largest
+        with contextlib.suppress(psutil.Error):
+            total += member.memory_info().rss
+        largest = max(largest, _high_water_mark(member.pid))
+    return total, largest
+
+
+def _high_water_mark(pid: int) -> int:
+    """Bytes: `VmHWM` of process `pid`, 0 if it is gone or has none (a zombie)."""
+    with (
+        contextlib.suppress(OSError, ValueError),
+        open(f"/proc/{pid}/status") as status,
+    ):
+        for line in status:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024  # kB
+    return 0
 
 
 def tree_cpu_seconds(root: psutil.Process) -> float:

@@ -62,7 +62,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run as a script from anywhere
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-from benchmarks.process_tree import largest_peak, tree_rss  # noqa: E402 (after the path)
+from benchmarks.process_tree import tree_memory  # noqa: E402 (after the path)
 
 TABLES = 26
 ROWS_PER_TABLE = 100_000
@@ -81,7 +81,7 @@ def run_measured(command: list[str], timeout: float = 3600) -> tuple[str, int]:
     of RSS over the process tree, sampled every 0.1 s (it counts horovodrun's
     ranks and Spark's JVM together, but misses peaks shorter than a sample), and
     the kernel's high-water mark of the largest single process in the tree
-    (`largest_peak`, read at the same samples), which for a one-process run
+    (`tree_memory` reads both at each sample), which for a one-process run
     such as `main.py` on one rank is the peak itself, short ones included
     (unless in the last 0.1 s before it exits). Sampled alone, the plain loop's
     bf16 peak at batch 8192 read 2.32 GiB in one suite run and 2.27 in the next."""
@@ -95,7 +95,7 @@ def run_measured(command: list[str], timeout: float = 3600) -> tuple[str, int]:
             if time.monotonic() > deadline:
                 process.kill()
                 break
-            peak = max(peak, tree_rss(root), largest_peak(root))
+            peak = max(peak, *tree_memory(root))
             time.sleep(0.1)
         out.seek(0)
         err.seek(0)
