@@ -40,12 +40,15 @@ def in_sequence(
     the chunks side by side and keep all their activations at once. Returns
     each chunk's outputs; one chunk is the inputs as they are, not sliced."""
     if len(bounds) == 1:
-        return [run(*inputs)]
+        return [run(*[x[0] if isinstance(x, list) else x for x in inputs])]
     outputs: list[Any] = []
     previous: Sequence[tf.Tensor] = []
-    for start, stop in bounds:
+    for k, (start, stop) in enumerate(bounds):
         with tf.control_dependencies(previous):
-            chunk = [tensor[start:stop] for tensor in inputs]
+            chunk = [
+                tf.identity(tensor[k]) if isinstance(tensor, list) else tensor[start:stop]
+                for tensor in inputs
+            ]
         result = run(*chunk)
         outputs.append(result)
         previous = wait_for(result)

@@ -6,6 +6,9 @@ compiled function and autodiff:
 
 1. embedding lookup: input distribution and local lookup, recorded on a tape,
    then the output distribution (alltoall when sharded) to [L, T, D] vectors;
+   with several chunks (below) on several ranks, each chunk's rows are looked
+   up and cross between the ranks on their own, so that a chunk's exchange,
+   forward and backward, overlaps another chunk's dense part;
 2. the dense part: bottom MLP, interaction, top MLP, loss and the gradients of
    the loss with respect to the dense weights *and the vectors*, in one
    function that `--xla` compiles with `jit_compile=True`, run over chunks of
@@ -19,7 +22,9 @@ compiled function and autodiff:
    tables are updated from the vectors' gradient as it is, `apply_fused_sgd`);
 4. the data-parallel gradients (dense weights, replicated tables) summed over
    ranks, and the update, applied only when every rank's loss and gradients
-   are finite.
+   are finite: each rank's verdict on its own loss and vectors' gradient is
+   summed with the gradients (no collective of its own), and every rank checks
+   the sums alike.
 
 The loss is the weighted sum of binary cross-entropies divided by the *global*
 batch size, so that per-rank gradients add up to the 1-rank gradient.
@@ -196,15 +201,45 @@ class Trainer:
         # from the vectors' gradient as it is (`apply_fused_sgd`): no gradient
         # through the tape, no split of it into per-table gradients.
         fused_ids = embeddings.fused_ids(batch.categorical) if self._fused_sgd else None
-        with tf.GradientTape() as tape:
-            looked_up = embeddings.lookup(batch.categorical, local_rows)
-        vectors = embeddings.output_distribution(looked_up, local_rows)
         scale = self.loss_scale.scale if self.loss_scale else tf.constant(1.0)
-        bounds = chunk_bounds(batch.numerical.shape[0], self.dense_chunk_rows)
+        rows = batch.numerical.shape[0]
+        bounds = chunk_bounds(rows, self.dense_chunk_rows)
+        routed = embeddings.input_distribution(batch.categorical, local_rows)
+        # Each chunk's vectors cross between ranks on their own, so that the next
+        # chunk's exchange overlaps this chunk's dense part, forward and backward.
+        spans = [(start, rows if stop is None else stop) for start, stop in bounds]
+        chunk_ids = (
+            [embeddings.chunk_ids(routed, rows, start, stop) for start, stop in spans]
+            if rows is not None and len(spans) > 1 and fused_ids is None
+            else [None]
+        )
+        chunked = chunk_ids[0] is not None
+        if chunked:
+            with tf.GradientTape() as tape:
+                looked_up = [
+                    embeddings.local_lookup(ids, stop - start)
+                    for ids, (start, stop) in zip(chunk_ids, spans, strict=True)
+                ]
+            vectors: Any = [
+                embeddings.output_distribution(chunk, stop - start, k)
+                for k, (chunk, (start, stop)) in enumerate(zip(looked_up, spans, strict=True))
+            ]
+        else:
+            with tf.GradientTape() as tape:
+                looked_up = embeddings.local_lookup(routed, local_rows)
+            vectors = embeddings.output_distribution(looked_up, local_rows)
         loss, dense_gradients, vector_gradients = self._dense_gradients(
             bounds, batch.numerical, vectors, batch.label, batch.weight, scale
         )
-        if fused_ids is None:
+        if chunked:
+            lookup_gradients = [
+                embeddings.output_distribution_gradient(gradient, stop - start, k)
+                for k, (gradient, (start, stop)) in enumerate(
+                    zip(vector_gradients, spans, strict=True)
+                )
+            ]
+            embedding_variables, exchange = self.embedding_variables, self._exchange
+        elif fused_ids is None:
             lookup_gradients = embeddings.output_distribution_gradient(
                 concat_rows(vector_gradients), local_rows
             )
@@ -220,9 +255,23 @@ class Trainer:
             if embedding_variables
             else []
         )
+        loss_finite = tf.math.is_finite(loss)
         if self.collectives.world_size > 1:
-            dense_gradients, embedding_gradients = self._allreduce(
-                dense_gradients, embedding_gradients
+            # Every rank takes the same decision without a collective of its own:
+            # each rank's verdict on what only it holds (its loss, the vectors'
+            # gradient it sends and keeps) is summed with the gradients, whose sums
+            # every rank then checks alike.
+            verdict = tf.cast(
+                tf.stack(
+                    [
+                        tf.logical_not(all_finite(vector_gradients, self.model.use_kernels)),
+                        tf.logical_not(loss_finite),
+                    ]
+                ),
+                tf.float32,
+            )
+            dense_gradients, embedding_gradients, verdicts = self._allreduce(
+                dense_gradients, embedding_gradients, verdict
             )
         gradients = [*dense_gradients, *embedding_gradients]
         if self.loss_scale is not None:
@@ -231,24 +280,25 @@ class Trainer:
         # shards' gradients made of them: the local lookup's backward only copies
         # (or divides by a row's id count) what arrived, so one check covers both,
         # and checking the tables' gradients again cost a pass over the step's
-        # largest gradient. Checking what arrived also uses the reverse alltoall's
-        # result on a rank that holds no model-parallel shard (where nothing else
-        # does): TensorFlow would otherwise prune the collective while the other
-        # ranks wait in it. Replicated tables' gradients were summed over ranks
+        # largest gradient. Replicated tables' gradients were summed over ranks
         # and are checked as they are.
         summed = [
             g
             for g, method in zip(gradients[len(dense_gradients) :], exchange, strict=True)
             if method is not None
         ]
-        checked = [*gradients[: len(dense_gradients)], *summed, *tf.nest.flatten(lookup_gradients)]
+        checked = [*gradients[: len(dense_gradients)], *summed]
+        if self.collectives.world_size == 1:
+            checked += tf.nest.flatten(lookup_gradients)
+        elif not embeddings.holds_model_parallel_shards:
+            # Sent by every rank, what arrived checks out (the verdicts covered
+            # it); using it keeps TensorFlow from pruning the reverse alltoall on
+            # a rank whose update reads none of it, while the others wait in it.
+            checked += tf.nest.flatten(lookup_gradients)
         gradients_finite = all_finite(checked, self.model.use_kernels)
-        loss_finite = tf.math.is_finite(loss)
-        if self.collectives.world_size > 1:  # every rank takes the same decision
-            flags = tf.stack([tf.logical_not(gradients_finite), tf.logical_not(loss_finite)])
-            failed_anywhere = self.collectives.any_true(flags, name="non_finite")
-            gradients_finite = tf.logical_not(failed_anywhere[0])
-            loss_finite = tf.logical_not(failed_anywhere[1])
+        if self.collectives.world_size > 1:
+            gradients_finite = tf.logical_and(gradients_finite, verdicts[0] == 0)
+            loss_finite = verdicts[1] == 0
         apply = tf.logical_and(gradients_finite, loss_finite)
         variables = [*self.dense_variables, *embedding_variables]
 
@@ -274,14 +324,15 @@ class Trainer:
         return loss
 
     def _allreduce(
-        self, dense: Sequence[Any], embedding: Sequence[Any]
-    ) -> tuple[list[Any], list[Any]]:
-        """Sums the data-parallel gradients over ranks; model-parallel ones pass.
+        self, dense: Sequence[Any], embedding: Sequence[Any], verdict: tf.Tensor
+    ) -> tuple[list[Any], list[Any], tf.Tensor]:
+        """Sums the data-parallel gradients and `verdict` over ranks;
+        model-parallel gradients pass.
 
         Every collective is named, so that ranks whose graphs differ (they hold
         different shards) still pair them up."""
-        names = [f"gradient_dense_{i}" for i in range(len(dense))]
-        tensors = list(dense)
+        names = ["non_finite", *(f"gradient_dense_{i}" for i in range(len(dense)))]
+        tensors = [verdict, *dense]
         dense_tables = []
         for position, (gradient, exchange) in enumerate(
             zip(embedding, self._exchange, strict=True)
@@ -295,6 +346,7 @@ class Trainer:
             tensors.append(gradient)
             names.append(f"gradient_{self._names[position]}")
         reduced = iter(self.collectives.allreduce_sum(tensors, names))
+        verdicts = next(reduced)
         dense_out = [next(reduced) for _ in dense]
         embedding_out = []
         for position, (gradient, exchange) in enumerate(
@@ -306,7 +358,7 @@ class Trainer:
                 embedding_out.append(_looked_up_rows(next(reduced)))
             else:
                 embedding_out.append(next(reduced))
-        return dense_out, embedding_out
+        return dense_out, embedding_out, verdicts
 
     def train_step(self, batch: Batch) -> tf.Tensor:
         """One optimizer step on one global batch; returns the (unscaled) loss."""

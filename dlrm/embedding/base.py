@@ -292,6 +292,11 @@ class Embeddings(keras.layers.Layer):
         `fused_ids` accepted."""
         raise NotImplementedError
 
+    @property
+    def holds_model_parallel_shards(self) -> bool:
+        """Whether this process holds a shard that other ranks' lookups reach."""
+        return False
+
     def gradient_exchange(self, variable: Any) -> str | None:
         """How `variable`'s gradient is summed over ranks: None (it is not: one
         process, or a model-parallel shard), "dense" or "sparse" (a replicated
@@ -306,11 +311,18 @@ class Embeddings(keras.layers.Layer):
     def local_lookup(self, routed: Any, local_rows: Any) -> Any:
         raise NotImplementedError
 
-    def output_distribution(self, looked_up: Any, local_rows: Any) -> tf.Tensor:
+    def output_distribution(self, looked_up: Any, local_rows: Any, chunk: int = 0) -> tf.Tensor:
         raise NotImplementedError
 
-    def output_distribution_gradient(self, gradient: tf.Tensor, local_rows: Any) -> Any:
+    def output_distribution_gradient(
+        self, gradient: tf.Tensor, local_rows: Any, chunk: int = 0
+    ) -> Any:
         raise NotImplementedError
+
+    def chunk_ids(self, routed: Any, local_rows: int, start: int, stop: int) -> Any:
+        """Step 1's result for rows [start, stop) of each rank's local rows, or None
+        when the layer exchanges no vectors between ranks (nothing to overlap)."""
+        return None
 
     def lookup(self, ids: Any, local_rows: Any) -> Any:
         """Steps 1 and 2; record on a tape to get the tables' gradients."""

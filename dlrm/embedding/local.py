@@ -90,8 +90,10 @@ class LocalEmbeddings(Embeddings):
     def apply_fused_sgd(self, ids: tf.Tensor, gradient: tf.Tensor, learning_rate: Any) -> None:
         fused_sgd(self.tables, ids, gradient, learning_rate)
 
-    def output_distribution(self, looked_up: Any, local_rows: Any) -> tf.Tensor:
+    def output_distribution(self, looked_up: Any, local_rows: Any, chunk: int = 0) -> tf.Tensor:
         return looked_up
 
-    def output_distribution_gradient(self, gradient: tf.Tensor, local_rows: Any) -> Any:
+    def output_distribution_gradient(
+        self, gradient: tf.Tensor, local_rows: Any, chunk: int = 0
+    ) -> Any:
         return gradient

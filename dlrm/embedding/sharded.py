@@ -231,6 +231,10 @@ class ShardedEmbeddings(Embeddings):
     def local_shards(self) -> list[tuple[TableShard, Any]]:
         return list(self.shard_variables)
 
+    @property
+    def holds_model_parallel_shards(self) -> bool:
+        return bool(self.mine)
+
     def gradient_exchange(self, variable: Any) -> str | None:
         return self._exchange.get(id(variable))
 
@@ -312,6 +316,21 @@ class ShardedEmbeddings(Embeddings):
                 )
         return global_ids, received
 
+    def chunk_ids(
+        self, routed: RoutedIds, local_rows: int, start: int, stop: int
+    ) -> RoutedIds | None:
+        """The ids of rows [start, stop) of every rank's local rows: the routed ids
+        of a global batch of W (stop - start) rows, in rank order, as if each rank
+        had read only those rows."""
+        count = stop - start
+        index = tf.reshape(
+            tf.range(self.world_size)[:, None] * local_rows + tf.range(start, stop)[None, :],
+            [self.world_size * count],
+        )
+        global_ids = {t: tf.gather(ids, index) for t, ids in routed.global_ids.items()}
+        local_ids = {t: ids[start:stop] for t, ids in routed.local_ids.items()}
+        return RoutedIds(global_ids, local_ids, routed.received, routed.anchor)
+
     def _row_width(self, tables: Sequence[int]) -> int:
         """Values per row in the id alltoall for `tables`: ids, or one length."""
         return sum(1 if self.variable_length[t] else self.hotness[t] for t in tables)
@@ -377,7 +396,7 @@ class ShardedEmbeddings(Embeddings):
             received = tf.bitcast(received, tf.bfloat16)
         return tf.cast(received, tf.float32)
 
-    def output_distribution(self, looked_up: Any, local_rows: Any) -> tf.Tensor:
+    def output_distribution(self, looked_up: Any, local_rows: Any, chunk: int = 0) -> tf.Tensor:
         block, replicated = looked_up
         vectors: dict[int, tf.Tensor] = {}
         if any(self.sent):  # the same on every rank: all take part in the alltoall
@@ -385,7 +404,7 @@ class ShardedEmbeddings(Embeddings):
                 self.collectives.alltoall(
                     self._to_wire(tf.reshape(block, [-1])),
                     tf.fill([self.world_size], local_rows * self.widths[self.rank]),
-                    name="embedding_vectors",
+                    name=_chunk_name("embedding_vectors", chunk),
                 )
             )
             parts: dict[int, list[tuple[TableShard, tf.Tensor]]] = {}
@@ -406,7 +425,9 @@ class ShardedEmbeddings(Embeddings):
             vectors[table] = part
         return tf.concat([vectors[t] for t in range(len(self.cardinalities))], axis=1)
 
-    def output_distribution_gradient(self, gradient: tf.Tensor, local_rows: Any) -> Any:
+    def output_distribution_gradient(
+        self, gradient: tf.Tensor, local_rows: Any, chunk: int = 0
+    ) -> Any:
         """The gradient of `local_lookup`'s outputs from that of the vectors [L, sum of D_t]:
         the reverse alltoall, run by every rank on every step.
 
@@ -429,10 +450,15 @@ class ShardedEmbeddings(Embeddings):
                 self.collectives.alltoall(
                     self._to_wire(flat),
                     tf.stack([local_rows * w for w in self.widths]),
-                    name="embedding_vector_gradients",
+                    name=_chunk_name("embedding_vector_gradients", chunk),
                 )
             )
             # Sources in rank order: rows [j L, (j + 1) L) of this rank's [G, C] block.
             block = tf.reshape(received, [local_rows * self.world_size, self.widths[self.rank]])
         replicated = tuple(self.table_columns(gradient, t) for t in self.replicated_tables)
         return block, replicated
+
+
+def _chunk_name(name: str, chunk: int) -> str:
+    """The collective's name for chunk `chunk` of the rows (the first keeps `name`)."""
+    return name if chunk == 0 else f"{name}_{chunk}"

@@ -110,6 +110,11 @@ class SimulatedCollectives(Collectives):
         self._calls: dict[str, int] = {}
         self._lock = threading.Lock()
 
+    def collective_names(self) -> dict[str, int]:
+        """How many times this rank ran each collective, by name."""
+        with self._lock:
+            return dict(self._calls)
+
     def _exchange(self, name: str, value: Any) -> list[Any]:
         """Every rank's `value` for this rank's next call of collective `name`."""
         with self._lock:  # a graph may run this rank's collectives concurrently

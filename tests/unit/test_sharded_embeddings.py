@@ -29,6 +29,7 @@ from dlrm.precision import choose_precision
 from dlrm.schedule import DlrmSchedule, ScheduleConfig
 from dlrm.trainer import Trainer
 from tests.integration.scripts.hybrid_steps import DIM, plan_for
+from tests.unit.non_finite import nan_in_one_logit, nan_in_one_vector_gradient
 from tests.unit.simulated_ranks import Hub, SimulatedCollectives, run_ranks
 
 CARDINALITIES = (23, 7, 300, 11, 5)
@@ -450,19 +451,25 @@ STEPS = 3
 LEARNING_RATES = {"sgd": 0.5, "adam": 0.01}
 
 
-def model_config() -> ModelConfig:
+def model_config(hotness: tuple[int, ...] = HOTNESS) -> ModelConfig:
     return ModelConfig(
         NUM_NUMERICAL,
         CARDINALITIES,
-        HOTNESS,
+        hotness,
         embedding_dim=DIM,
         bottom_mlp_dims=(9, DIM),
         top_mlp_dims=(11, 1),
     )
 
 
-def make_trainer(optimizer: str, embeddings: ShardedEmbeddings | None, collectives: Any) -> Trainer:
-    model = Dlrm(model_config(), embeddings=embeddings, seed=SEED)
+def make_trainer(
+    optimizer: str,
+    embeddings: ShardedEmbeddings | None,
+    collectives: Any,
+    hotness: tuple[int, ...] = HOTNESS,
+    dense_chunk_rows: int = 0,
+) -> Trainer:
+    model = Dlrm(model_config(hotness), embeddings=embeddings, seed=SEED)
     return Trainer(
         model,
         create_optimizer(optimizer),
@@ -470,15 +477,16 @@ def make_trainer(optimizer: str, embeddings: ShardedEmbeddings | None, collectiv
         choose_precision(False, False),
         GLOBAL_BATCH,
         collectives=collectives,
+        dense_chunk_rows=dense_chunk_rows,
     )
 
 
-def global_batches() -> list[dict[str, Any]]:
+def global_batches(hotness: tuple[int, ...] = HOTNESS) -> list[dict[str, Any]]:
     rng = np.random.default_rng(1)
     return [
         {
             "numerical": rng.normal(size=(GLOBAL_BATCH, NUM_NUMERICAL)).astype(np.float32),
-            "ids": global_ids(rng, HOTNESS),
+            "ids": global_ids(rng, hotness),
             "label": rng.integers(0, 2, (GLOBAL_BATCH, 1)).astype(np.float32),
             # A padding row (weight 0), as the last batch of an epoch has.
             "weight": np.where(np.arange(GLOBAL_BATCH) == 5, 0.0, 1.0)[:, None].astype(np.float32),
@@ -504,13 +512,13 @@ def trained_state(trainer: Trainer, losses: list[float]) -> dict[str, Any]:
 
 
 @functools.cache
-def one_process(optimizer: str) -> dict[str, Any]:
+def one_process(optimizer: str, hotness: tuple[int, ...] = HOTNESS) -> dict[str, Any]:
     keras.utils.set_random_seed(1)
-    trainer = make_trainer(optimizer, None, None)
+    trainer = make_trainer(optimizer, None, None, hotness)
     initial = [v.numpy() for v in trainer.dense_variables]
     losses = []
-    for batch in global_batches():
-        categorical = tuple(tf.constant(x) for x in batch["ids"])
+    for batch in global_batches(hotness):
+        categorical = tuple(as_tensor(x) for x in batch["ids"])
         losses.append(
             float(
                 trainer.train_step(
@@ -522,47 +530,63 @@ def one_process(optimizer: str) -> dict[str, Any]:
     return {"initial_dense": initial, **trained_state(trainer, losses)}
 
 
-def train_on_rank(
-    collectives: SimulatedCollectives, kind: str, optimizer: str, data_parallel_input: bool
-) -> dict[str, Any]:
+def rank_trainer(
+    collectives: SimulatedCollectives,
+    kind: str,
+    optimizer: str,
+    data_parallel_input: bool,
+    hotness: tuple[int, ...] = HOTNESS,
+    dense_chunk_rows: int = 0,
+) -> Trainer:
+    """A rank's trainer, with rank 0's initial dense weights (the one-process
+    run's) on every rank."""
     rank, world = collectives.rank, collectives.world_size
     embeddings = ShardedEmbeddings(
-        plan_for(kind, specs(), world, GLOBAL_BATCH),
+        plan_for(kind, specs(hotness), world, GLOBAL_BATCH),
         collectives,
         seed=SEED,
         data_parallel_input=data_parallel_input,
+        hotness=hotness,
     )
-    trainer = make_trainer(optimizer, embeddings, collectives)
+    trainer = make_trainer(optimizer, embeddings, collectives, hotness, dense_chunk_rows)
     # Rank 0 holds the one-process run's initial dense weights, the others
     # something else: the broadcast must give every rank rank 0's.
-    initial = one_process(optimizer)["initial_dense"] if rank == 0 else None
+    initial = one_process(optimizer, hotness)["initial_dense"] if rank == 0 else None
     for position, variable in enumerate(trainer.dense_variables):
         variable.assign(initial[position] if initial else np.full(variable.shape, 0.1 * rank))
     collectives.broadcast_variables(trainer.dense_variables)
-    losses = []
-    for batch in global_batches():
-        local = {k: local_rows_of(batch[k], rank, world) for k in ("numerical", "label", "weight")}
-        categorical = loader_ids(embeddings, batch["ids"], rank)
-        losses.append(
-            float(
-                trainer.train_step(
-                    Batch(local["numerical"], categorical, local["label"], local["weight"])
-                )
-            )
-        )
+    return trainer
+
+
+def rank_batch(trainer: Trainer, batch: dict[str, Any], rank: int, world: int) -> Batch:
+    """What the loader gives `rank` of the global `batch`."""
+    local = {k: local_rows_of(batch[k], rank, world) for k in ("numerical", "label", "weight")}
+    categorical = loader_ids(trainer.model.embeddings, batch["ids"], rank)
+    return Batch(local["numerical"], categorical, local["label"], local["weight"])
+
+
+def train_on_rank(
+    collectives: SimulatedCollectives,
+    kind: str,
+    optimizer: str,
+    data_parallel_input: bool,
+    hotness: tuple[int, ...] = HOTNESS,
+    dense_chunk_rows: int = 0,
+) -> dict[str, Any]:
+    rank, world = collectives.rank, collectives.world_size
+    trainer = rank_trainer(
+        collectives, kind, optimizer, data_parallel_input, hotness, dense_chunk_rows
+    )
+    losses = [
+        float(trainer.train_step(rank_batch(trainer, batch, rank, world)))
+        for batch in global_batches(hotness)
+    ]
     trainer.check_finite()
-    return trained_state(trainer, losses)
+    names = collectives.collective_names()
+    return {**trained_state(trainer, losses), "collectives": names}
 
 
-@pytest.mark.parametrize(
-    ("kind", "optimizer", "data_parallel_input"),
-    [("idle_rank", "sgd", False), ("mixed", "adam", True), ("mixed", "sgd", False)],
-)
-def test_trainer_on_two_ranks_gives_the_weights_of_one_process(
-    kind: str, optimizer: str, data_parallel_input: bool
-) -> None:
-    expected = one_process(optimizer)
-    results = run_ranks(2, lambda c: train_on_rank(c, kind, optimizer, data_parallel_input))
+def assert_trained_as_one_process(results: list[dict[str, Any]], expected: dict[str, Any]) -> None:
     tables = {shard.table: (values, slots) for shard, values, slots in expected["shards"]}
     for rank, result in enumerate(results):
         # Each rank's loss is its local rows' share of the global loss.
@@ -594,3 +618,100 @@ def test_trainer_on_two_ranks_gives_the_weights_of_one_process(
     np.testing.assert_allclose(
         sum(r["losses"] for r in results), expected["losses"], rtol=1e-5, err_msg="losses"
     )
+
+
+@pytest.mark.parametrize(
+    ("kind", "optimizer", "data_parallel_input"),
+    [("idle_rank", "sgd", False), ("mixed", "adam", True), ("mixed", "sgd", False)],
+)
+def test_trainer_on_two_ranks_gives_the_weights_of_one_process(
+    kind: str, optimizer: str, data_parallel_input: bool
+) -> None:
+    results = run_ranks(2, lambda c: train_on_rank(c, kind, optimizer, data_parallel_input))
+    assert_trained_as_one_process(results, one_process(optimizer))
+    # One exchange of vectors each way per step, and no vote of its own: the
+    # ranks' verdicts on finiteness travel with the gradients.
+    for result in results:
+        assert result["collectives"]["embedding_vectors"] == STEPS
+        assert result["collectives"]["embedding_vector_gradients"] == STEPS
+        assert "embedding_vectors_1" not in result["collectives"]
+        assert "non_finite" not in result["collectives"]
+
+
+@pytest.mark.parametrize(
+    ("kind", "optimizer", "data_parallel_input", "hotness", "chunk_rows"),
+    [
+        ("mixed", "sgd", False, HOTNESS, 2),  # 6 local rows: chunks 2, 2, 2
+        ("mixed", "adam", True, HOTNESS, 4),  # chunks 4, 2
+        ("idle_rank", "sgd", False, HOTNESS, 4),  # a rank that holds no shard
+        ("row_wise_rank", "adam", True, VARIABLE, 4),  # variable-length ids, row ranges
+        ("column_wise", "sgd", False, VARIABLE, 2),
+    ],
+)
+def test_vectors_cross_per_chunk_and_train_as_one_process(
+    kind: str,
+    optimizer: str,
+    data_parallel_input: bool,
+    hotness: tuple[int, ...],
+    chunk_rows: int,
+) -> None:
+    """With the dense part in chunks, each chunk's vectors and their gradients
+    cross between ranks on their own (so the next chunk's exchange overlaps
+    this chunk's compute), and the weights are still those of one process on
+    the whole batch."""
+    results = run_ranks(
+        2,
+        lambda c: train_on_rank(c, kind, optimizer, data_parallel_input, hotness, chunk_rows),
+    )
+    assert_trained_as_one_process(results, one_process(optimizer, hotness))
+    chunks = -(-GLOBAL_BATCH // 2 // chunk_rows)
+    for result in results:
+        for name in ("embedding_vectors", "embedding_vector_gradients"):
+            assert result["collectives"][name] == STEPS
+            for chunk in range(1, chunks):
+                assert result["collectives"][f"{name}_{chunk}"] == STEPS
+            assert f"{name}_{chunks}" not in result["collectives"]
+
+
+# In the "mixed" plan table 0 is replicated and table 1 lives on rank 1 alone.
+POISONS = {
+    "loss": nan_in_one_logit,
+    "replicated_table_gradient": nan_in_one_vector_gradient,
+    "gradient_sent_to_rank_1": functools.partial(nan_in_one_vector_gradient, column=DIM),
+}
+
+
+@pytest.mark.parametrize("chunk_rows", [0, 2])
+@pytest.mark.parametrize("poison", POISONS)
+def test_a_non_finite_step_on_one_rank_is_applied_on_none(poison: str, chunk_rows: int) -> None:
+    """A NaN loss on rank 1, or a NaN in the vectors' gradient rank 0 computes
+    (summed into a replicated table's gradient, or sent to the rank that holds the
+    table): no rank applies the step, and every rank records it."""
+
+    def work(collectives: SimulatedCollectives) -> dict[str, Any]:
+        rank, world = collectives.rank, collectives.world_size
+        trainer = rank_trainer(collectives, "mixed", "sgd", False, dense_chunk_rows=chunk_rows)
+        poisoned = tf.Variable(False)
+        if (rank == 1) == (poison == "loss"):
+            model = trainer.model
+            model.dense_forward = POISONS[poison](model.dense_forward, poisoned)  # type: ignore[method-assign]
+        batches = global_batches()
+        trainer.train_step(rank_batch(trainer, batches[0], rank, world))
+        trainer.check_finite()  # the patch changes nothing while off
+        good = trained_state(trainer, [])
+        poisoned.assign(True)
+        trainer.train_step(rank_batch(trainer, batches[1], rank, world))
+        return {
+            "good": good,
+            "after": trained_state(trainer, []),
+            "step": trainer.first_non_finite_step.numpy(),
+        }
+
+    for rank, result in enumerate(run_ranks(2, work)):
+        assert result["step"] == 1, f"rank {rank}"
+        for ours, theirs in zip(result["after"]["dense"], result["good"]["dense"], strict=True):
+            np.testing.assert_array_equal(ours, theirs, err_msg=f"rank {rank} dense")
+        for (shard, ours, _), (_, theirs, _) in zip(
+            result["after"]["shards"], result["good"]["shards"], strict=True
+        ):
+            np.testing.assert_array_equal(ours, theirs, err_msg=f"rank {rank} {shard.name}")

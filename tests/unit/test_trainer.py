@@ -25,10 +25,10 @@ from dlrm.training_state import (
     restore_training_state,
     save_training_state,
 )
+from tests.unit.non_finite import NAN, DenseForward, nan_in_one_logit, nan_in_one_vector_gradient
 
 CARDINALITIES = (23, 7, 11, 130, 5)
 BATCH = 64
-NAN = float("nan")
 # bfloat16 keeps 8 significant bits; round to nearest errs by at most half the last one.
 BFLOAT16_UNIT_ROUNDOFF = 2.0**-8
 
@@ -304,40 +304,6 @@ def test_checkpoint_of_another_model_is_refused(dataset: Path, tmp_path: Path) -
         CheckpointError, match=r"--optimizer adagrad, this run uses --optimizer adam"
     ):
         restore_training_state(adam.trainer, Checkpoint(path))
-
-
-DenseForward = Callable[[tf.Tensor, tf.Tensor], tf.Tensor]
-
-
-def nan_in_one_logit(forward: DenseForward, poisoned: tf.Variable) -> DenseForward:
-    """While `poisoned`, the first logit is NaN: after the last ReLU, so the loss
-    is NaN on every CPU. The gradients stay finite (the replaced logit gets none),
-    so only the loss check can stop the step."""
-
-    def forward_with_a_nan_logit(numerical: tf.Tensor, vectors: tf.Tensor) -> tf.Tensor:
-        logits = forward(numerical, vectors)
-        return tf.where(poisoned, tf.tensor_scatter_nd_update(logits, [[0, 0]], [NAN]), logits)
-
-    return forward_with_a_nan_logit
-
-
-def nan_in_one_vector_gradient(forward: DenseForward, poisoned: tf.Variable) -> DenseForward:
-    """While `poisoned`, one component of the first looked-up vector's gradient is
-    NaN and the loss is finite: only the (row-sparse) embedding gradients carry
-    the NaN, so only the gradient check can stop the step."""
-
-    @tf.custom_gradient
-    def identity_with_a_nan_gradient(vectors: tf.Tensor) -> tuple[tf.Tensor, Callable]:
-        def gradient(upstream: tf.Tensor) -> tf.Tensor:
-            with_nan = tf.tensor_scatter_nd_update(upstream, [[0, 0]], [NAN])
-            return tf.where(poisoned, with_nan, upstream)
-
-        return tf.identity(vectors), gradient
-
-    def forward_with_a_nan_gradient(numerical: tf.Tensor, vectors: tf.Tensor) -> tf.Tensor:
-        return forward(numerical, identity_with_a_nan_gradient(vectors))
-
-    return forward_with_a_nan_gradient
 
 
 def assert_step_3_was_skipped_and_stops_training(
