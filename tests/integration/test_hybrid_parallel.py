@@ -53,6 +53,11 @@ FP32_TOLERANCE = {"rtol": 1e-5, "atol": 1e-6}
 # while the whole tensor differed by 0.4 % (bfloat16 against float32 on 1 rank:
 # 0.8 %).
 AMP_NORM_RTOL = 2e-2
+# Biases start at zero, so their norm is all update, not diluted by initial values,
+# and the rounding of their bfloat16 batch sums shows in full: on an AVX-512 BF16 CPU
+# both cross-layer biases of a 2-rank Adagrad run differed by 2.5 % from 1 rank's,
+# every other tensor by at most 0.3 %.
+AMP_BIAS_NORM_RTOL = 5e-2
 STEPS, GLOBAL_BATCH = "5", "96"  # 96 divides by 2, 3 and 4 ranks
 SCRIPT = "tests/integration/scripts/hybrid_steps.py"
 REFERENCES = [f"local:model_parallel:{o}:fp32" for o in OPTIMIZERS] + [
@@ -123,9 +128,10 @@ def assert_weights_close(
         return
     difference = float(np.linalg.norm(actual - desired))
     scale = float(np.linalg.norm(desired))
-    assert difference <= AMP_NORM_RTOL * scale + 1e-6, (
-        f"{name}: |actual - desired| = {difference:.3g}, more than {AMP_NORM_RTOL} x "
-        f"|desired| = {AMP_NORM_RTOL * scale:.3g}"
+    rtol = AMP_BIAS_NORM_RTOL if name.endswith("/bias") else AMP_NORM_RTOL
+    assert difference <= rtol * scale + 1e-6, (
+        f"{name}: |actual - desired| = {difference:.3g}, more than {rtol} x "
+        f"|desired| = {rtol * scale:.3g}"
     )
 
 
