@@ -18,10 +18,10 @@ synthetic Criteo-shaped dataset with the default model (13 numerical features,
   median ratio of the pairs (`alternated`);
 - the achieved GFLOP/s of each (dense part, `train.dense_training_flops`) next
   to the machine's matmul GFLOP/s measured in this run;
-- 2 ranks: the share of the step spent in collectives, fp32 and `--amp`
-  (`benchmarks/train.py`'s timestamps around each collective in the step,
-  waiting for the peer included), and the share spent executing them (the
-  transfers, from Horovod's timeline);
+- 2 ranks: the share of the step in which a rank runs no op, waiting on its
+  collectives, fp32 and `--amp` (a profiler trace of each rank), and the shares
+  in which collectives execute and are in flight (Horovod's timeline;
+  `benchmarks/collective_time.py`);
 - inference: `main.py --mode inference`, samples/s and p50/p99 batch latency;
 - the loader alone: samples/s of one rank reading the training split;
 - preprocessing: `benchmarks/preproc.py` (Spark local mode, a generated click
@@ -189,25 +189,30 @@ def train_plain(batch: int, variant: str, steps: int) -> dict[str, Any]:
 
 
 def collective_shares(dataset: Path, work: Path, batch: int, steps: int) -> dict[str, Any]:
-    """The share of 2 ranks' step time spent in collectives, fp32 and --amp
-    (`benchmarks/train.py`'s timed collectives)."""
+    """What the collectives cost 2 ranks' step, fp32 and --amp
+    (`benchmarks/collective_time.py`, through `benchmarks/train.py`)."""
     from benchmarks.train import measure_ranks, per_step
 
     shares = {}
     for variant in ("fp32", "amp"):
         result = measure_ranks(dataset, 2, batch, steps, 2, work, amp=variant == "amp")
-        step, inside, executing = per_step(result, steps)
+        times = per_step(result, steps)
+        step = times["step"]
         shares[variant] = {
             "batch_size": batch,
             "step_seconds": step,
-            "collective_seconds_per_step": inside,
-            "share": inside / step,
-            "executing_seconds_per_step": executing,
-            "executing_share": executing / step,
+            "dense_chunk_rows": result["dense_chunk_rows"],
+            "exposed_seconds_per_step": times["exposed"],
+            "share": times["exposed_share"],
+            "per_rank_share": [r["idle_seconds"] / r["traced_seconds"] for r in result["ranks"]],
+            "executing_seconds_per_step": times["executing"],
+            "executing_share": times["executing"] / step,
+            "in_flight_seconds_per_step": times["in_flight"],
+            "in_flight_share": times["in_flight"] / step,
         }
         print(
-            f"2 ranks {variant}: {inside / step:.0%} of the step in collectives, "
-            f"{executing / step:.0%} executing them",
+            f"2 ranks {variant}: waiting on collectives {times['exposed_share']:.0%} of the "
+            f"step, executing them {times['executing'] / step:.0%}",
             flush=True,
         )
     return shares
@@ -321,11 +326,13 @@ def print_table(results: dict[str, Any]) -> None:
         print("".join(cells))
     for variant, row in results.get("collectives", {}).items():
         print(
-            f"2 ranks {variant} batch {row['batch_size']}: {row['share']:.0%} of the step in "
-            f"collectives ({1000 * row['collective_seconds_per_step']:.0f} of "
-            f"{1000 * row['step_seconds']:.0f} ms, waiting for the peer included), "
-            f"{row['executing_share']:.0%} executing them "
-            f"({1000 * row['executing_seconds_per_step']:.0f} ms, Horovod timeline)"
+            f"2 ranks {variant} batch {row['batch_size']}: waiting on collectives "
+            f"{row['share']:.0%} of the step ({1000 * row['exposed_seconds_per_step']:.0f} of "
+            f"{1000 * row['step_seconds']:.0f} ms, no op running; ranks "
+            + ", ".join(f"{share:.0%}" for share in row["per_rank_share"])
+            + f"), executing them {row['executing_share']:.0%} "
+            f"({1000 * row['executing_seconds_per_step']:.0f} ms), in flight "
+            f"{row['in_flight_share']:.0%} (Horovod timeline)"
         )
     for name, row in results.get("inference", {}).items():
         print(

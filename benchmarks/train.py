@@ -16,11 +16,10 @@ say how far from the hardware's peak a step runs.
 
 With `--np N` it then runs the fp32 model hybrid-parallel under
 `horovodrun --gloo -np N` (and as one process, for comparison) and prints
-samples/s per rank count with the share of step time each rank spent inside
-collectives (alltoalls forward and backward, gradient allreduce), measured by
-timestamps in the compiled step (`benchmarks/timed_collectives.py`), waiting
-for the peer included, and the share they spent executing (the transfers,
-from Horovod's timeline).
+samples/s per rank count with what the collectives cost a step
+(`benchmarks/collective_time.py`): the time in it in which a rank ran no op,
+waiting on them (exposed; a profiler trace of each rank), and the time in which
+some collective was executing or in flight (Horovod's timeline).
 """
 
 from __future__ import annotations
@@ -40,7 +39,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import tensorflow as tf
 
-from benchmarks.timed_collectives import executing_seconds
+from benchmarks.collective_time import timeline_seconds
 from dataloading.split_binary import ShardSpec, SplitBinaryDataset
 from dataloading.synthetic import generate_split_binary
 from dlrm.app import build_session, model_config_for
@@ -137,11 +136,12 @@ def rank_worker(
     dataset: Path, batch_size: int, steps: int, warmup: int, output: Path, amp: bool = False
 ) -> None:
     """One rank of the `--np` measurement (under horovodrun, or alone): times
-    `steps` training steps and the collectives inside them; rank 0 writes every
-    rank's figures to `output` as JSON."""
-    from benchmarks.timed_collectives import TimedCollectives
+    `steps` training steps, then traces as many with the TensorFlow profiler for
+    the time in them in which the rank ran no op (`collective_time.idle_seconds`);
+    rank 0 writes every rank's figures to `output` as JSON."""
+    from benchmarks.collective_time import idle_seconds
 
-    collectives = TimedCollectives(create_collectives())
+    collectives = create_collectives()
     config = RunConfig(dataset_path=str(dataset), batch_size=batch_size, amp=amp)
     log = MetricsLog(None, None, console=io.StringIO())
     session = build_session(config, log, collectives)
@@ -151,16 +151,33 @@ def rank_worker(
     for batch in batches[:warmup]:
         session.trainer.train_step(batch).numpy()
     collectives.barrier()
-    collectives.reset()
     start = time.perf_counter()
     for batch in batches[warmup:]:
         session.trainer.train_step(batch).numpy()
     elapsed = time.perf_counter() - start
-    mine = {"seconds": elapsed, "collective_seconds": float(collectives.seconds.numpy())}
+    trace = output.parent / f"{output.stem}_profile_rank{collectives.rank}"
+    collectives.barrier()
+    tf.profiler.experimental.start(str(trace))
+    for batch in batches[warmup:]:
+        session.trainer.train_step(batch).numpy()
+    tf.profiler.experimental.stop()
+    idle, traced, traced_steps = idle_seconds(trace)
+    mine = {
+        "seconds": elapsed,
+        "idle_seconds": idle,
+        "traced_seconds": traced,
+        "traced_steps": traced_steps,
+        "cpus": list(collectives.bound_cpus) if collectives.bound_cpus else None,
+    }
     ranks = collectives.allgather_object(mine, name="benchmark_ranks")
     if collectives.rank == 0:
         plan = session.plan.to_dict() if session.plan is not None else None
-        result = {"world_size": collectives.world_size, "ranks": ranks, "plan": plan}
+        result = {
+            "world_size": collectives.world_size,
+            "ranks": ranks,
+            "plan": plan,
+            "dense_chunk_rows": session.trainer.dense_chunk_rows,
+        }
         output.write_text(json.dumps(result) + "\n")
 
 
@@ -174,8 +191,8 @@ def measure_ranks(
     amp: bool = False,
 ) -> dict:
     """Runs `rank_worker` on `world_size` processes (one plain process for 1);
-    adds the seconds the timed steps spent executing collectives, from the
-    Horovod timeline (`timed_collectives.executing_seconds`)."""
+    adds the seconds the timed steps' collectives spent executing and in flight,
+    from the Horovod timeline (`collective_time.timeline_seconds`)."""
     output = work / f"ranks_{world_size}.json"
     command = [
         sys.executable,
@@ -206,24 +223,28 @@ def measure_ranks(
             f"{result.stdout[-2000:]}{result.stderr[-3000:]}"
         )
     figures = json.loads(output.read_text())
-    # A step's first collective is the vectors' alltoall, its last the vote on
-    # applying it (dlrm/trainer.py).
-    figures["executing_seconds"] = (
-        executing_seconds(timeline, steps, "embedding_vectors", "non_finite")
-        if world_size > 1
-        else 0.0
-    )
+    figures["executing_seconds"] = figures["in_flight_seconds"] = 0.0
+    if world_size > 1:
+        # A step's first collective is its first chunk's vectors' alltoall; the
+        # timeline also holds the profiled steps after the timed ones.
+        executing, in_flight = timeline_seconds(timeline, 2 * steps, "embedding_vectors")
+        figures["executing_seconds"] = executing / 2
+        figures["in_flight_seconds"] = in_flight / 2
     return figures
 
 
-def per_step(result: dict, steps: int) -> tuple[float, float, float]:
-    """(step, inside collectives, executing them) in seconds per step, from
-    `measure_ranks`' result: the slowest rank's step, the ranks' mean time
-    inside collectives (waiting included), the timeline's execution time."""
+def per_step(result: dict, steps: int) -> dict[str, float]:
+    """Seconds per step from `measure_ranks`' result: the slowest rank's step,
+    the ranks' mean time in it without any op running (exposed collectives),
+    and the collectives' time executing and in flight (Horovod's timeline)."""
     ranks = result["ranks"]
-    step = max(r["seconds"] for r in ranks) / steps
-    inside = sum(r["collective_seconds"] for r in ranks) / len(ranks) / steps
-    return step, inside, result["executing_seconds"] / steps
+    return {
+        "step": max(r["seconds"] for r in ranks) / steps,
+        "exposed": sum(r["idle_seconds"] / r["traced_steps"] for r in ranks) / len(ranks),
+        "exposed_share": sum(r["idle_seconds"] / r["traced_seconds"] for r in ranks) / len(ranks),
+        "executing": result["executing_seconds"] / steps,
+        "in_flight": result["in_flight_seconds"] / steps,
+    }
 
 
 def main() -> int:
@@ -321,36 +342,37 @@ def main() -> int:
 
 
 def compare_ranks(dataset: Path, args: argparse.Namespace, work: Path) -> dict:
-    """Prints and returns samples/s and the collectives' share for 1 and --np ranks."""
+    """Prints and returns samples/s and what the collectives cost, for 1 and --np ranks."""
     print(
         f"\nhybrid parallel, fp32, global batch {args.batch_size}, {args.steps} timed steps "
         f"(horovodrun --gloo on localhost, {os.cpu_count()} CPUs shared by all ranks)"
     )
     print(
-        f"{'ranks':>5} {'samples/s':>11} {'step ms':>8} {'in collectives ms':>18} {'share':>6}"
-        f" {'executing ms':>13} {'share':>6}  plan"
+        f"{'ranks':>5} {'samples/s':>11} {'step ms':>8} {'exposed ms':>11} {'share':>6}"
+        f" {'executing ms':>13} {'in flight ms':>13}  plan"
     )
     figures = {}
     for world_size in (1, args.np):
         result = measure_ranks(dataset, world_size, args.batch_size, args.steps, args.warmup, work)
-        step, collective, executing = per_step(result, args.steps)
+        times = per_step(result, args.steps)
         kinds: dict[str, int] = {}
         for table in (result["plan"] or {}).get("tables", []):
             kinds[table["kind"]] = kinds.get(table["kind"], 0) + 1
         plan = ", ".join(f"{n} {k}" for k, n in sorted(kinds.items())) or "-"
+        step = times["step"]
         print(
             f"{world_size:>5} {args.batch_size / step:>11,.0f} {1000 * step:>8.1f} "
-            f"{1000 * collective:>18.1f} {collective / step:>6.0%} "
-            f"{1000 * executing:>13.1f} {executing / step:>6.0%}  {plan}",
+            f"{1000 * times['exposed']:>11.1f} {times['exposed_share']:>6.0%} "
+            f"{1000 * times['executing']:>13.1f} {1000 * times['in_flight']:>13.1f}  {plan}",
             flush=True,
         )
         figures[str(world_size)] = {
             "samples_per_second": args.batch_size / step,
             "step_seconds": step,
-            "collective_seconds_per_step": collective,
-            "collective_share": collective / step,
-            "executing_seconds_per_step": executing,
-            "executing_share": executing / step,
+            "exposed_seconds_per_step": times["exposed"],
+            "exposed_share": times["exposed_share"],
+            "executing_seconds_per_step": times["executing"],
+            "in_flight_seconds_per_step": times["in_flight"],
             "per_rank": result["ranks"],
             "plan_kinds": kinds,
         }
