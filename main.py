@@ -17,6 +17,7 @@ from absl import app, flags
 
 from dlrm.config import (
     DEFAULT_CPU_DENSE_CHUNK_ROWS,
+    MIN_PIPELINED_CHUNK_ROWS,
     INPUT_MODES,
     INTERACTIONS,
     MODES,
@@ -133,6 +134,13 @@ flags.DEFINE_string(
     "A sharding plan JSON (e.g. sharding_plan.json of an earlier run) to use instead of "
     "planning; it must be for this world size and these tables.",
 )
+flags.DEFINE_bool(
+    "bind_cpus",
+    True,
+    "Ranks that share a host each run on CPUs of their own (consecutive slices of the "
+    "host's CPUs), unless a launcher or container already bound them. --nobind_cpus: "
+    "they share every CPU, each with its share as intra-op threads.",
+)
 flags.DEFINE_bool("amp", False, "Mixed precision: bfloat16 on CPU, float16 + loss scaling on GPU.")
 flags.DEFINE_bool("xla", False, "Compile the dense part (MLPs, interaction) with XLA.")
 flags.DEFINE_bool(
@@ -147,8 +155,10 @@ flags.DEFINE_integer(
     None,
     "Run the dense part (MLPs, interaction, their gradients) over chunks of this many of "
     "a rank's rows, one after another, summing their gradients: the same step in less "
-    f"memory. Default: {DEFAULT_CPU_DENSE_CHUNK_ROWS} on CPUs, the whole batch on GPUs; "
-    "0: the whole batch.",
+    "memory; on several ranks each chunk's vectors cross on their own, overlapping "
+    f"another chunk's compute. Default on CPUs: {DEFAULT_CPU_DENSE_CHUNK_ROWS} on one "
+    f"rank; on several, a quarter of a rank's rows within {MIN_PIPELINED_CHUNK_ROWS}-"
+    f"{DEFAULT_CPU_DENSE_CHUNK_ROWS}. GPUs: the whole batch. 0: the whole batch.",
 )
 flags.DEFINE_integer("evals_per_epoch", _D("evals_per_epoch"), "Evaluations per epoch.")
 flags.DEFINE_integer("print_freq", _D("print_freq"), "Steps between progress lines.")

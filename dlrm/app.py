@@ -30,7 +30,13 @@ from dataloading.split_binary import (
 from dlrm import kernels, metrics
 from dlrm.checkpoint import Checkpoint, CheckpointError
 from dlrm.config import ConfigError, RunConfig, check_world_size
-from dlrm.dist import Collectives, check_ranks_agree, create_collectives, launched_by_horovod
+from dlrm.dist import (
+    Collectives,
+    check_ranks_agree,
+    create_collectives,
+    format_cpus,
+    launched_by_horovod,
+)
 from dlrm.embedding.planner import (
     PlanError,
     PlannerConfig,
@@ -237,7 +243,7 @@ def build_session(
     keras.utils.set_random_seed(config.seed)
     on_gpu = has_gpu()
     precision = choose_precision(config.amp, on_gpu)
-    dense_chunk_rows = config.dense_chunk_rows_for(on_gpu)
+    dense_chunk_rows = config.dense_chunk_rows_for(on_gpu, collectives.world_size)
     plan = None
     embeddings = None
     hosts = [socket.gethostname()]
@@ -254,6 +260,11 @@ def build_session(
             f"{collectives.world_size} ranks on {len(set(hosts))} hosts: "
             + ", ".join(f"{rank} {host}" for rank, host in enumerate(hosts))
         )
+        if collectives.bound_cpus is not None:
+            log.print(
+                f"each rank on this host runs on CPUs of its own (rank {collectives.rank}: "
+                f"{format_cpus(collectives.bound_cpus)}; --nobind_cpus to share them)"
+            )
         if collectives.intra_op_threads is not None:
             log.print(
                 f"{collectives.intra_op_threads} intra-op thread(s) per rank: this host's "
@@ -566,7 +577,7 @@ def run(config: RunConfig, console: TextIO | None = None) -> dict[str, Any]:
             "--mode export: run it as one process (python main.py ...), not under "
             "horovodrun/srun/mpirun: every rank would write the same SavedModel"
         )
-    collectives = create_collectives() if config.mode != "export" else Collectives()
+    collectives = create_collectives(config.bind_cpus) if config.mode != "export" else Collectives()
     check_world_size(config, collectives.world_size)
     log = MetricsLog(
         config.metrics_log_path,

@@ -27,6 +27,8 @@ class Collectives:
     local_rank: int = 0
     # TensorFlow's intra-op threads this process was given (`share_cpus`), or None.
     intra_op_threads: int | None = None
+    # The CPUs this process was bound to (`share_cpus`), or None: not bound.
+    bound_cpus: tuple[int, ...] | None = None
 
     def alltoall(
         self, tensor: tf.Tensor, splits: Sequence[int] | tf.Tensor, name: str
@@ -84,9 +86,13 @@ CPU_DEFAULTS = {"HOROVOD_CYCLE_TIME": "3"}
 
 
 class HorovodCollectives(Collectives):
-    """Horovod's collectives; `hvd.init()` runs on construction."""
+    """Horovod's collectives; `hvd.init()` runs on construction.
 
-    def __init__(self) -> None:
+    Args:
+        bind_cpus: bind each rank on a host to its own CPUs (`share_cpus`).
+    """
+
+    def __init__(self, bind_cpus: bool = True) -> None:
         defaults = dict(STALL_DEFAULTS)
         if not tf.config.list_physical_devices("GPU"):
             defaults.update(CPU_DEFAULTS)
@@ -100,7 +106,9 @@ class HorovodCollectives(Collectives):
         self.world_size = hvd.size()
         self.local_rank = hvd.local_rank()
         pin_gpu(self.local_rank)
-        self.intra_op_threads = share_cpus(hvd.local_size())
+        self.bound_cpus, self.intra_op_threads = share_cpus(
+            hvd.local_size(), hvd.local_rank(), bind_cpus
+        )
 
     def alltoall(
         self, tensor: tf.Tensor, splits: Sequence[int] | tf.Tensor, name: str
@@ -224,26 +232,77 @@ def intra_op_threads_per_rank(cpus: int, local_ranks: int) -> int:
     return max(1, cpus // max(1, local_ranks))
 
 
-def share_cpus(local_ranks: int) -> int | None:
-    """Gives each rank on this host its share of the CPUs it may run on, as
-    TensorFlow's intra-op threads, when several ranks share a host; returns the
-    count set, or None (one rank per host, `TF_NUM_INTRAOP_THREADS` set by the
-    user, or TensorFlow already started, which fixes its thread pools).
+def cpu_slice(cpus: Sequence[int], local_ranks: int, local_rank: int) -> tuple[int, ...]:
+    """Local rank `local_rank`'s own CPUs of `cpus`: consecutive slices, one per
+    rank, the first `len(cpus) % local_ranks` ranks one CPU more; with more
+    ranks than CPUs, ranks take turns over the CPUs (rank r gets CPU r mod n)."""
+    cpus = sorted(cpus)
+    if local_ranks >= len(cpus):
+        return (cpus[local_rank % len(cpus)],)
+    size, extra = divmod(len(cpus), local_ranks)
+    start = local_rank * size + min(local_rank, extra)
+    return tuple(cpus[start : start + size + (local_rank < extra)])
 
-    By default every rank starts a pool as large as the machine: with 2 ranks
-    on 2 cores, 4 compute threads took turns on 2 cores, and a 2-rank step of
-    the default model took 918-967 ms against 887-889 ms with one thread each
-    (`docs/performance.md`). A launcher that binds each rank to its own cores
-    leaves each a smaller affinity set, which is then shared too (at least one
-    thread). Must run before TensorFlow runs an op."""
-    if local_ranks <= 1 or "TF_NUM_INTRAOP_THREADS" in os.environ:
-        return None
-    threads = intra_op_threads_per_rank(len(os.sched_getaffinity(0)), local_ranks)
+
+def format_cpus(cpus: Sequence[int]) -> str:
+    """CPU ids as Linux lists them: ranges of consecutive ids ("0-3,8")."""
+    spans: list[list[int]] = []
+    for cpu in sorted(cpus):
+        if spans and cpu == spans[-1][1] + 1:
+            spans[-1][1] = cpu
+        else:
+            spans.append([cpu, cpu])
+    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in spans)
+
+
+def bind_process(cpus: Sequence[int]) -> None:
+    """Every thread of this process (Horovod's and Gloo's, started by
+    `hvd.init()`, included) and those it starts later may run on `cpus` only."""
+    for task in os.listdir("/proc/self/task"):
+        try:
+            os.sched_setaffinity(int(task), cpus)
+        except ProcessLookupError:  # the thread has ended
+            continue
+
+
+def share_cpus(
+    local_ranks: int, local_rank: int = 0, bind: bool = True
+) -> tuple[tuple[int, ...] | None, int | None]:
+    """Shares this host's CPUs among its `local_ranks` ranks; returns (the CPUs
+    this rank was bound to or None, the intra-op threads set or None).
+
+    With `bind`, when the process may run on every CPU of the host (no launcher
+    or container bound it), each rank is bound to its own slice (`cpu_slice`)
+    and TensorFlow sizes its pools to it. Left to the kernel, 2 ranks on 2
+    cores swapped cores and cache, and one rank often ran ahead of the other
+    and then waited for it in the next collective: 2 ranks, batch 8192, 26
+    tables of 100,000 x 128 in chunks of 1024 rows, 3 alternating pairs:
+    627-666 ms a step bound against 652-740 unbound, waiting in collectives
+    2-8 % of the step against 4-15 % (`docs/performance.md`).
+
+    Otherwise each rank gets its share of the CPUs it may run on as intra-op
+    threads, at least one: by default every rank starts a pool as large as the
+    machine, and with 2 ranks on 2 cores, 4 compute threads took turns on 2
+    cores (918-967 ms a step against 887-889 ms with one thread each).
+    `TF_NUM_INTRAOP_THREADS`, set by the user, leaves the threads to TensorFlow.
+    Must run before TensorFlow runs an op."""
+    if local_ranks <= 1:
+        return None, None
+    allowed = sorted(os.sched_getaffinity(0))
+    bound = None
+    if bind and len(allowed) == os.cpu_count():
+        bound = cpu_slice(allowed, local_ranks, local_rank)
+        bind_process(bound)
+        threads = len(bound)
+    else:
+        threads = intra_op_threads_per_rank(len(allowed), local_ranks)
+    if "TF_NUM_INTRAOP_THREADS" in os.environ:
+        return bound, None
     try:
         tf.config.threading.set_intra_op_parallelism_threads(threads)
     except RuntimeError:  # the runtime has started: its pools stay as they are
-        return None
-    return threads
+        return bound, None
+    return bound, threads
 
 
 def launched_by_horovod() -> bool:
@@ -254,6 +313,7 @@ def launched_by_horovod() -> bool:
     )
 
 
-def create_collectives() -> Collectives:
-    """Horovod's when launched by it (even with one rank), else the one-process kind."""
-    return HorovodCollectives() if launched_by_horovod() else Collectives()
+def create_collectives(bind_cpus: bool = True) -> Collectives:
+    """Horovod's when launched by it (even with one rank), else the one-process
+    kind. `bind_cpus`: see `share_cpus`."""
+    return HorovodCollectives(bind_cpus) if launched_by_horovod() else Collectives()

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
 import numpy as np
 
 from dataloading.synthetic import generate_split_binary
+from dlrm.dist import cpu_slice
 from feature_spec import FeatureSpec
 from tests.integration.conftest import horovodrun, run
 
@@ -55,23 +57,44 @@ def test_two_gloo_ranks_read_their_shards(tmp_path: Path) -> None:
 
 
 def test_ranks_on_one_host_share_its_cpus(tmp_path: Path) -> None:
-    """Each of 2 ranks on this host runs TensorFlow with its share of the CPUs
-    (intra-op threads), and Horovod with its CPU cycle time, unless the user set
-    TF_NUM_INTRAOP_THREADS and HOROVOD_CYCLE_TIME."""
+    """Each of 2 ranks on this host runs on CPUs of its own, every thread of it
+    (Horovod's, started before the binding, included), with TensorFlow's pools
+    sized to them; with --nobind_cpus they share every CPU, each with its share
+    as intra-op threads. Horovod gets its CPU cycle time. The user's
+    TF_NUM_INTRAOP_THREADS and HOROVOD_CYCLE_TIME win."""
     script = "tests/integration/scripts/thread_share.py"
     command = [horovodrun(), "--gloo", "-np", "2", "-H", "localhost:2", sys.executable, script]
-    shared, chosen = tmp_path / "shared", tmp_path / "chosen"
+    bound, shared, chosen = tmp_path / "bound", tmp_path / "shared", tmp_path / "chosen"
     chosen_env = {"TF_NUM_INTRAOP_THREADS": "3", "HOROVOD_CYCLE_TIME": "7"}
-    for out, env in ((shared, {}), (chosen, chosen_env)):
+    for out, env, flags in (
+        (bound, {}, []),
+        (shared, {}, ["--nobind_cpus"]),
+        (chosen, chosen_env, []),
+    ):
         out.mkdir()
-        result = run([*command, str(out)], timeout=300, env=env)
+        result = run([*command, str(out), *flags], timeout=300, env=env)
         assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    host = sorted(os.sched_getaffinity(0))
+    # A launcher or container that restricted the CPUs leaves the binding to it.
+    binds = len(host) == os.cpu_count()
+    slices = []
     for rank in (0, 1):
-        facts = json.loads((shared / f"rank{rank}.json").read_text())
+        facts = json.loads((bound / f"rank{rank}.json").read_text())
         assert facts["local_ranks"] == 2
-        assert facts["set"] == facts["configured"] == max(1, facts["cpus"] // 2)
+        if binds:
+            assert facts["bound"] == list(cpu_slice(host, 2, rank))
+            assert facts["threads"] == [facts["bound"]]  # every thread of the rank
+            assert facts["set"] == facts["configured"] == facts["cpus"] == len(facts["bound"])
+            slices.append(set(facts["bound"]))
+        else:
+            assert facts["bound"] is None
         assert facts["cycle_time"] == "3"  # no GPU here: dlrm.dist.CPU_DEFAULTS
+        facts = json.loads((shared / f"rank{rank}.json").read_text())
+        assert facts["bound"] is None and facts["cpus"] == len(host)
+        assert facts["set"] == facts["configured"] == max(1, len(host) // 2)
         facts = json.loads((chosen / f"rank{rank}.json").read_text())
         # Left to TensorFlow (0: its default), which reads the variable.
         assert facts["set"] is None and facts["configured"] == 0
         assert facts["cycle_time"] == "7"
+    if binds and len(host) >= 2:
+        assert not slices[0] & slices[1]  # no CPU shared

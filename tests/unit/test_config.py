@@ -52,6 +52,14 @@ def test_dense_chunks_default_to_cpus_only() -> None:
     assert config().dense_chunk_rows_for(on_gpu=True) == 0  # GPUs: the whole batch
     assert config(dense_chunk_rows=0).dense_chunk_rows_for(on_gpu=False) == 0
     assert config(dense_chunk_rows=512).dense_chunk_rows_for(on_gpu=True) == 512
+    # Several ranks on CPUs: at least 4 chunks of at least 1024 rows, at most 8192.
+    assert config(batch_size=8192).dense_chunk_rows_for(False, world_size=2) == 1024
+    assert config(batch_size=65536).dense_chunk_rows_for(False, world_size=2) == 8192
+    assert config(batch_size=24576).dense_chunk_rows_for(False, world_size=3) == 2048
+    assert config(batch_size=4096).dense_chunk_rows_for(False, world_size=2) == 1024
+    assert config(batch_size=1000).dense_chunk_rows_for(False, world_size=2) == 1024
+    assert config(batch_size=8192).dense_chunk_rows_for(True, world_size=2) == 0
+    assert config(batch_size=8192, dense_chunk_rows=0).dense_chunk_rows_for(False, 2) == 0
 
 
 def test_batch_must_divide_by_world_size() -> None:
@@ -159,3 +167,20 @@ def test_intra_op_threads_per_rank_share_the_cpus() -> None:
     assert intra_op_threads_per_rank(16, 2) == 8
     assert intra_op_threads_per_rank(16, 3) == 5
     assert intra_op_threads_per_rank(1, 8) == 1  # bound to one core: one thread each
+
+
+def test_ranks_on_a_host_get_slices_of_its_cpus() -> None:
+    from dlrm.dist import cpu_slice, format_cpus
+
+    assert [cpu_slice([0, 1], 2, r) for r in range(2)] == [(0,), (1,)]
+    assert [cpu_slice(range(16), 2, r) for r in range(2)] == [tuple(range(8)), tuple(range(8, 16))]
+    # 16 over 3: the first rank one more; every CPU used once.
+    slices = [cpu_slice(range(16), 3, r) for r in range(3)]
+    assert [len(s) for s in slices] == [6, 5, 5]
+    assert sorted(c for s in slices for c in s) == list(range(16))
+    # More ranks than CPUs: they take turns.
+    assert [cpu_slice([4, 6], 4, r) for r in range(4)] == [(4,), (6,), (4,), (6,)]
+    # Not the first CPUs of the machine: slices of the ones given.
+    assert cpu_slice([9, 3, 5, 7], 2, 1) == (7, 9)
+    assert format_cpus((0, 1, 2, 3, 8, 10, 11)) == "0-3,8,10-11"
+    assert format_cpus((5,)) == "5"
