@@ -321,7 +321,10 @@ class ShardedEmbeddings(Embeddings):
     ) -> RoutedIds | None:
         """The ids of rows [start, stop) of every rank's local rows: the routed ids
         of a global batch of W (stop - start) rows, in rank order, as if each rank
-        had read only those rows."""
+        had read only those rows. None when no rank holds a model-parallel shard:
+        no vectors cross, so there is nothing to overlap."""
+        if not any(self.sent):
+            return None
         count = stop - start
         index = tf.reshape(
             tf.range(self.world_size)[:, None] * local_rows + tf.range(start, stop)[None, :],

@@ -646,6 +646,7 @@ def test_trainer_on_two_ranks_gives_the_weights_of_one_process(
         ("idle_rank", "sgd", False, HOTNESS, 4),  # a rank that holds no shard
         ("row_wise_rank", "adam", True, VARIABLE, 4),  # variable-length ids, row ranges
         ("column_wise", "sgd", False, VARIABLE, 2),
+        ("data_parallel", "sgd", False, HOTNESS, 2),  # every table replicated: no exchange
     ],
 )
 def test_vectors_cross_per_chunk_and_train_as_one_process(
@@ -666,6 +667,9 @@ def test_vectors_cross_per_chunk_and_train_as_one_process(
     assert_trained_as_one_process(results, one_process(optimizer, hotness))
     chunks = -(-GLOBAL_BATCH // 2 // chunk_rows)
     for result in results:
+        if kind == "data_parallel":
+            assert not any(name.startswith("embedding_vector") for name in result["collectives"])
+            continue
         for name in ("embedding_vectors", "embedding_vector_gradients"):
             assert result["collectives"][name] == STEPS
             for chunk in range(1, chunks):
