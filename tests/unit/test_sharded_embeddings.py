@@ -719,3 +719,21 @@ def test_a_non_finite_step_on_one_rank_is_applied_on_none(poison: str, chunk_row
             result["after"]["shards"], result["good"]["shards"], strict=True
         ):
             np.testing.assert_array_equal(ours, theirs, err_msg=f"rank {rank} {shard.name}")
+
+
+def test_chunks_are_exchanged_only_where_vectors_cross() -> None:
+    """With every table replicated no vectors cross between the ranks: the
+    lookup stays one per batch (`chunk_ids` is None), not one per chunk."""
+
+    def work(collectives: SimulatedCollectives) -> list[bool]:
+        found = []
+        for kind in ("data_parallel", "idle_rank", "mixed"):
+            layer = ShardedEmbeddings(
+                plan_for(kind, specs(), 2, GLOBAL_BATCH), collectives, seed=SEED
+            )
+            ids = loader_ids(layer, global_ids(np.random.default_rng(0), HOTNESS), 0)
+            routed = layer.input_distribution(ids, GLOBAL_BATCH // 2)
+            found.append(layer.chunk_ids(routed, GLOBAL_BATCH // 2, 0, 2) is not None)
+        return found
+
+    assert run_ranks(2, work) == [[False, True, True]] * 2
