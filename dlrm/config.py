@@ -31,8 +31,9 @@ DEFAULT_CPU_DENSE_CHUNK_ROWS = 8192
 # On several ranks, each chunk's vectors cross between the ranks on their own, so a
 # rank's batch is cut into at least this many chunks (of at least the minimum rows)
 # for one chunk's alltoalls to overlap another's compute: 2 ranks, batch 8192, 26
-# tables of 100,000 x 128, chunks of 1024 against one of 4096: 627-666 against
-# 641-844 ms a step, waiting in collectives 2-8 % of it against 3-14 %.
+# tables of 100,000 x 128, ranks bound to a core each, chunks of 1024 against one of
+# 4096, 3 alternating pairs: 627-770 against 641-845 ms a step, a rank waiting on
+# collectives 1.5-8.6 % of it against 3.3-13.9 % (docs/performance.md).
 PIPELINED_CHUNKS = 4
 MIN_PIPELINED_CHUNK_ROWS = 1024
 

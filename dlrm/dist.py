@@ -276,9 +276,9 @@ def share_cpus(
     and TensorFlow sizes its pools to it. Left to the kernel, 2 ranks on 2
     cores swapped cores and cache, and one rank often ran ahead of the other
     and then waited for it in the next collective: 2 ranks, batch 8192, 26
-    tables of 100,000 x 128 in chunks of 1024 rows, 3 alternating pairs:
-    627-666 ms a step bound against 652-740 unbound, waiting in collectives
-    2-8 % of the step against 4-15 % (`docs/performance.md`).
+    tables of 100,000 x 128 in chunks of 1024 rows, 2 alternating pairs:
+    622-666 ms a step bound against 652-740 unbound, a rank waiting on
+    collectives 3.0-6.4 % of the step against 3.5-11.2 % (`docs/performance.md`).
 
     Otherwise each rank gets its share of the CPUs it may run on as intra-op
     threads, at least one: by default every rank starts a pool as large as the
