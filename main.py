@@ -17,9 +17,9 @@ from absl import app, flags
 
 from dlrm.config import (
     DEFAULT_CPU_DENSE_CHUNK_ROWS,
-    MIN_PIPELINED_CHUNK_ROWS,
     INPUT_MODES,
     INTERACTIONS,
+    MIN_PIPELINED_CHUNK_ROWS,
     MODES,
     OPTIMIZERS,
     SHARDING_STRATEGIES,
