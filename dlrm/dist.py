@@ -61,10 +61,6 @@ class Collectives:
     def barrier(self) -> None:
         """Returns once every rank has called it."""
 
-    def any_true(self, flags: tf.Tensor, name: str) -> tf.Tensor:
-        """Element-wise: true on every rank where `flags` is true on any rank."""
-        return flags
-
 
 # A rank that stops submitting collectives (stuck, not dead) makes Horovod warn after
 # the check time and shut every rank down after the shutdown time, instead of the
@@ -144,9 +140,6 @@ class HorovodCollectives(Collectives):
 
     def barrier(self) -> None:
         self._hvd.allreduce(tf.constant(0.0), op=self._hvd.Sum, name="barrier").numpy()
-
-    def any_true(self, flags: tf.Tensor, name: str) -> tf.Tensor:
-        return self._hvd.allreduce(tf.cast(flags, tf.float32), op=self._hvd.Sum, name=name) > 0
 
 
 class RankMismatchError(RuntimeError):

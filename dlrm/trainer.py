@@ -276,24 +276,22 @@ class Trainer:
         gradients = [*dense_gradients, *embedding_gradients]
         if self.loss_scale is not None:
             gradients = [_scale(g, 1.0 / scale) for g in gradients]
-        # The received lookup gradients are checked, not the model-parallel
-        # shards' gradients made of them: the local lookup's backward only copies
-        # (or divides by a row's id count) what arrived, so one check covers both,
-        # and checking the tables' gradients again cost a pass over the step's
-        # largest gradient. Replicated tables' gradients were summed over ranks
-        # and are checked as they are.
+        # The lookup gradients are checked, not the tables' gradients made of
+        # them: the local lookup's backward only copies (or divides by a row's id
+        # count) them, so one check covers both, and checking the tables'
+        # gradients again cost a pass over the step's largest gradient. On several
+        # ranks the verdicts covered what arrived (every rank checked what it
+        # sent); it is checked only where nothing else uses it, a rank holding no
+        # model-parallel shard, so that TensorFlow does not prune the reverse
+        # alltoall there while the other ranks wait in it. Replicated tables'
+        # gradients were summed over ranks and are checked as they are.
         summed = [
             g
             for g, method in zip(gradients[len(dense_gradients) :], exchange, strict=True)
             if method is not None
         ]
         checked = [*gradients[: len(dense_gradients)], *summed]
-        if self.collectives.world_size == 1:
-            checked += tf.nest.flatten(lookup_gradients)
-        elif not embeddings.holds_model_parallel_shards:
-            # Sent by every rank, what arrived checks out (the verdicts covered
-            # it); using it keeps TensorFlow from pruning the reverse alltoall on
-            # a rank whose update reads none of it, while the others wait in it.
+        if self.collectives.world_size == 1 or not embeddings.holds_model_parallel_shards:
             checked += tf.nest.flatten(lookup_gradients)
         gradients_finite = all_finite(checked, self.model.use_kernels)
         if self.collectives.world_size > 1:

@@ -210,14 +210,6 @@ class SimulatedCollectives(Collectives):
         gathered.set_shape(tf.TensorShape([None]).concatenate(tensor.shape[1:]))
         return gathered
 
-    def any_true(self, flags: tf.Tensor, name: str) -> tf.Tensor:
-        flags = tf.convert_to_tensor(flags)
-        (anywhere,) = self._run(
-            name, lambda everyone: [np.logical_or.reduce([a for (a,) in everyone])], [flags]
-        )
-        anywhere.set_shape(flags.shape)
-        return anywhere
-
     def broadcast_variables(self, variables: Sequence[Any]) -> None:
         tensors = [tf.convert_to_tensor(v) for v in variables]
         values = self._run("broadcast_variables", lambda everyone: everyone[0], tensors)
