@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 # The trainer's compiled step: the profiler names each call of it after the function.
 STEP_FUNCTION = "_train_step_eager"
@@ -71,6 +72,18 @@ def idle_seconds(trace_dir: Path, step_function: str = STEP_FUNCTION) -> tuple[f
         idle += max(0.0, step_end - reach)
         total += step_end - step_start
     return idle, total, len(steps)
+
+
+def exposed(ranks: list[dict[str, float]]) -> dict[str, Any]:
+    """From each rank's `idle_seconds` figures (`idle_seconds`, `traced_seconds`,
+    `traced_steps`): the ranks' mean seconds per step without any op running, its
+    mean share of the step, and each rank's share."""
+    shares = [r["idle_seconds"] / r["traced_seconds"] for r in ranks]
+    return {
+        "seconds": sum(r["idle_seconds"] / r["traced_steps"] for r in ranks) / len(ranks),
+        "share": sum(shares) / len(shares),
+        "per_rank_share": shares,
+    }
 
 
 def timeline_seconds(timeline: Path, steps: int, first: str) -> tuple[float, float]:

@@ -34,6 +34,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # run as a script from anywhere
 
+from benchmarks.collective_time import exposed  # noqa: E402
 from dataloading.synthetic import generate_split_binary  # noqa: E402
 from tests.integration.netns_cluster import INTERFACE, NetnsCluster, install_reason  # noqa: E402
 
@@ -59,12 +60,12 @@ def measure(
         raise RuntimeError(f"{' '.join(layout)} failed:\n{result.stderr[-3000:]}")
     ranks = json.loads(out.read_text())["ranks"]
     step = max(r["seconds"] for r in ranks) / args.steps
+    waiting = exposed(ranks)
     return {
         "samples_per_second": args.batch_size / step,
         "step_seconds": step,
-        "exposed_seconds_per_step": sum(r["idle_seconds"] / r["traced_steps"] for r in ranks)
-        / len(ranks),
-        "exposed_share": sum(r["idle_seconds"] / r["traced_seconds"] for r in ranks) / len(ranks),
+        "exposed_seconds_per_step": waiting["seconds"],
+        "exposed_share": waiting["share"],
     }
 
 

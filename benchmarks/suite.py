@@ -204,7 +204,7 @@ def collective_shares(dataset: Path, work: Path, batch: int, steps: int) -> dict
             "dense_chunk_rows": result["dense_chunk_rows"],
             "exposed_seconds_per_step": times["exposed"],
             "share": times["exposed_share"],
-            "per_rank_share": [r["idle_seconds"] / r["traced_seconds"] for r in result["ranks"]],
+            "per_rank_share": times["per_rank_share"],
             "executing_seconds_per_step": times["executing"],
             "executing_share": times["executing"] / step,
             "in_flight_seconds_per_step": times["in_flight"],

@@ -33,13 +33,14 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import tensorflow as tf
 
-from benchmarks.collective_time import timeline_seconds
+from benchmarks.collective_time import exposed, timeline_seconds
 from dataloading.split_binary import ShardSpec, SplitBinaryDataset
 from dataloading.synthetic import generate_split_binary
 from dlrm.app import build_session, model_config_for
@@ -233,15 +234,18 @@ def measure_ranks(
     return figures
 
 
-def per_step(result: dict, steps: int) -> dict[str, float]:
+def per_step(result: dict, steps: int) -> dict[str, Any]:
     """Seconds per step from `measure_ranks`' result: the slowest rank's step,
-    the ranks' mean time in it without any op running (exposed collectives),
-    and the collectives' time executing and in flight (Horovod's timeline)."""
+    the ranks' mean time in it without any op running (exposed collectives; its
+    share, and each rank's), and the collectives' time executing and in flight
+    (Horovod's timeline)."""
     ranks = result["ranks"]
+    waiting = exposed(ranks)
     return {
         "step": max(r["seconds"] for r in ranks) / steps,
-        "exposed": sum(r["idle_seconds"] / r["traced_steps"] for r in ranks) / len(ranks),
-        "exposed_share": sum(r["idle_seconds"] / r["traced_seconds"] for r in ranks) / len(ranks),
+        "exposed": waiting["seconds"],
+        "exposed_share": waiting["share"],
+        "per_rank_share": waiting["per_rank_share"],
         "executing": result["executing_seconds"] / steps,
         "in_flight": result["in_flight_seconds"] / steps,
     }

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from benchmarks.collective_time import idle_seconds, timeline_seconds
+from benchmarks.collective_time import exposed, idle_seconds, timeline_seconds
 
 WAIT_S = 0.15
 
@@ -114,3 +114,14 @@ def test_timeline_seconds_count_transfers_and_time_in_flight(tmp_path: Path) -> 
     assert in_flight == pytest.approx((110 + 150 + 15 + 70) / 1000)
     with pytest.raises(ValueError, match="expected at least 4 steps"):
         timeline_seconds(timeline, 4, "first")
+
+
+def test_exposed_is_the_ranks_mean_and_each_rank_share() -> None:
+    ranks = [
+        {"idle_seconds": 0.3, "traced_seconds": 3.0, "traced_steps": 6},
+        {"idle_seconds": 0.6, "traced_seconds": 2.0, "traced_steps": 6},
+    ]
+    waiting = exposed(ranks)
+    assert waiting["seconds"] == pytest.approx((0.05 + 0.1) / 2)
+    assert waiting["per_rank_share"] == pytest.approx([0.1, 0.3])
+    assert waiting["share"] == pytest.approx(0.2)
