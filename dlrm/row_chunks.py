@@ -30,15 +30,16 @@ def chunk_bounds(rows: int | None, chunk_rows: int) -> list[tuple[int, int | Non
 
 def in_sequence(
     bounds: Sequence[tuple[int, int | None]],
-    inputs: Sequence[tf.Tensor],
+    inputs: Sequence[tf.Tensor | list[tf.Tensor]],
     run: Callable[..., Any],
     wait_for: Callable[[Any], Sequence[tf.Tensor]] = tf.nest.flatten,
 ) -> list[Any]:
-    """`run(*chunk)` on each chunk of `inputs` (rows `start:stop` of each), each
-    chunk's slices made only once `wait_for` of the previous chunk's outputs
-    exist (by default all of them): in a graph, TensorFlow would otherwise run
-    the chunks side by side and keep all their activations at once. Returns
-    each chunk's outputs; one chunk is the inputs as they are, not sliced."""
+    """`run(*chunk)` on each chunk of `inputs` (rows `start:stop` of each; an
+    input given as a list already holds one tensor per chunk), each chunk's
+    slices made only once `wait_for` of the previous chunk's outputs exist (by
+    default all of them): in a graph, TensorFlow would otherwise run the chunks
+    side by side and keep all their activations at once. Returns each chunk's
+    outputs; one chunk is the inputs as they are, not sliced."""
     if len(bounds) == 1:
         return [run(*[x[0] if isinstance(x, list) else x for x in inputs])]
     outputs: list[Any] = []
