@@ -28,7 +28,12 @@ synthetic Criteo-shaped dataset with the default model (13 numerical features,
   log of each size in `--preproc_rows`), rows/s per stage and in all; twice per
   size in one Spark session, so that the cost in rows (rows/s at the largest log
   over rows/s at the smallest) is given both for a run of its own and for a later
-  run without the session's warm-up (`cost_in_rows`);
+  run without the session's warm-up (`cost_in_rows`); the first runs' time split
+  into a fixed part and a part per line, with the most fixed part at which the
+  cost would be linear within 10 % (`fixed_cost`); and, in a new Spark session
+  of its own, what its first and later empty jobs of Python tasks and of JVM
+  tasks cost (`benchmarks/spark_floor.py`): a part of that fixed cost that no
+  Spark pipeline avoids;
 - the peak memory of each: the largest sum of RSS over the process and its
   children (Spark's JVM, horovodrun's ranks), sampled every 0.1 s, or the
   kernel's high-water mark of its largest process if higher (`run_measured`).
@@ -66,6 +71,8 @@ from benchmarks.process_tree import tree_memory  # noqa: E402 (after the path)
 
 TABLES = 26
 ROWS_PER_TABLE = 100_000
+# Issue 14's target for preprocessing: rows/s at 3M lines within 10 % of rows/s at 1M.
+COST_IN_ROWS_TOLERANCE = 0.10
 VARIANTS = {"fp32": (False, False), "amp": (True, False), "xla": (False, True)}
 VARIANTS["amp+xla"] = (True, True)
 
@@ -279,6 +286,47 @@ def cost_in_rows(by_rows: dict[str, dict[str, Any]]) -> dict[str, float]:
     return ratios
 
 
+def fixed_cost(by_rows: dict[str, dict[str, Any]]) -> dict[str, float]:
+    """The first runs' time as a straight line through the smallest and the largest
+    log: `fixed_seconds` apart from the lines plus `seconds_per_million_lines`; and
+    `allowed_fixed_seconds`, the most fixed cost at which rows/s at the largest log
+    would be within `COST_IN_ROWS_TOLERANCE` of rows/s at the smallest, at that cost
+    per line (absent where the sizes are too close for any fixed cost to matter).
+    Empty with fewer than two sizes."""
+    if len(by_rows) < 2:
+        return {}
+    sizes = sorted(by_rows, key=int)
+    small, large = int(sizes[0]), int(sizes[-1])
+    seconds = {
+        n: by_rows[str(n)]["rows"] / by_rows[str(n)]["rows_per_second"] for n in (small, large)
+    }
+    per_line = (seconds[large] - seconds[small]) / (large - small)
+    fit = {
+        "fixed_seconds": seconds[small] - per_line * small,
+        "seconds_per_million_lines": per_line * 1e6,
+    }
+    # rows/s at n is n / (F + a n); the ratio large over small is at most 1 + tol
+    # while F (large - (1 + tol) small) <= a small large tol.
+    tolerance = COST_IN_ROWS_TOLERANCE
+    spread = large - (1 + tolerance) * small
+    if spread > 0:
+        fit["allowed_fixed_seconds"] = per_line * small * large * tolerance / spread
+    return fit
+
+
+def spark_floor(work: Path) -> dict[str, dict[str, Any]]:
+    """`benchmarks/spark_floor.py`, each kind of task in a new Spark session of its
+    own: what the first and later empty jobs of Python tasks, and of JVM tasks,
+    cost."""
+    figures = {}
+    for tasks in ("python", "jvm"):
+        output = work / f"spark_floor_{tasks}.json"
+        script = str(ROOT / "benchmarks" / "spark_floor.py")
+        run_measured([sys.executable, script, f"--tasks={tasks}", f"--json={output}"])
+        figures[tasks] = json.loads(output.read_text())
+    return figures
+
+
 def matmul_peaks() -> dict[str, float]:
     import tensorflow as tf
 
@@ -367,6 +415,25 @@ def print_table(results: dict[str, Any]) -> None:
             f"preprocessing rows/s at {int(sizes[-1]):,} lines over rows/s at "
             f"{int(sizes[0]):,}: {cost['first_run']:.2f} in a session's first run{later} "
             f"(1.00: cost linear in the rows)"
+        )
+    fit = results.get("preprocessing_fixed_cost", {})
+    if fit:
+        allowed = fit.get("allowed_fixed_seconds")
+        within = (
+            f"; within {COST_IN_ROWS_TOLERANCE:.0%} needs at most {allowed:.1f} s of it"
+            if allowed is not None
+            else ""
+        )
+        print(
+            f"preprocessing first runs: {fit['fixed_seconds']:.1f} s apart from the lines + "
+            f"{fit['seconds_per_million_lines']:.1f} s per million lines{within}"
+        )
+    for kind, floor in results.get("spark_floor", {}).items():
+        first, *later = floor["job_seconds"]
+        print(
+            f"a new Spark session's first empty job of {kind} tasks: {first:.2f} s, later "
+            f"ones {statistics.median(later):.2f} s (start-up {floor['startup_seconds']:.1f} s "
+            f"apart)"
         )
 
 
@@ -534,6 +601,11 @@ def main() -> int:
             print(f"preprocessing {rows:,} lines ...", flush=True)
             results["preprocessing_by_rows"][str(rows)] = preprocessing(rows, work)
             results["preprocessing_cost_in_rows"] = cost_in_rows(results["preprocessing_by_rows"])
+            results["preprocessing_fixed_cost"] = fixed_cost(results["preprocessing_by_rows"])
+            save(results, args.output)
+        if preproc_rows:
+            print("Spark's first jobs ...", flush=True)
+            results["spark_floor"] = spark_floor(work)
             save(results, args.output)
     print_table(results)
     save(results, args.output)

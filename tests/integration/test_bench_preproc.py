@@ -7,6 +7,8 @@ import json
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.integration.conftest import run
 
 LINES = 3_000  # 3 days; each day has 10 malformed lines (`--malformed_rows_per_day`)
@@ -54,3 +56,36 @@ def test_no_runs_is_a_parser_error() -> None:
     result = run([sys.executable, "benchmarks/preproc.py", "--runs=0"], timeout=60)
     assert result.returncode == 2
     assert "--runs: expected at least 1, got 0" in result.stderr
+
+
+@pytest.mark.parametrize(("tasks", "kind"), [("python", "Python"), ("jvm", "JVM")])
+def test_spark_floor_runs_empty_jobs_in_a_new_session(
+    tmp_path: Path, tasks: str, kind: str
+) -> None:
+    output = tmp_path / "floor.json"
+    result = run(
+        [
+            sys.executable,
+            "benchmarks/spark_floor.py",
+            f"--tasks={tasks}",
+            "--spark_master=local[2]",
+            "--driver_memory=1g",
+            "--jobs=2",
+            f"--json={output}",
+        ],
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    figures = json.loads(output.read_text())
+    assert figures["tasks"] == tasks
+    assert figures["tasks_per_job"] == 2
+    assert len(figures["job_seconds"]) == 2
+    assert all(seconds > 0 for seconds in figures["job_seconds"])
+    assert figures["startup_seconds"] > 0
+    assert f"empty job 2 of {kind} tasks (2):" in result.stdout
+
+
+def test_spark_floor_needs_a_first_and_a_later_job() -> None:
+    result = run([sys.executable, "benchmarks/spark_floor.py", "--jobs=1"], timeout=60)
+    assert result.returncode == 2
+    assert "--jobs: expected at least 2 (the first and a later one), got 1" in result.stderr

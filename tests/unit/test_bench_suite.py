@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.suite import alternated, cost_in_rows, run_measured
+from benchmarks.suite import alternated, cost_in_rows, fixed_cost, print_table, run_measured
 
 SUITE = Path(__file__).resolve().parents[2] / "benchmarks" / "suite.py"
 
@@ -97,6 +97,59 @@ def test_cost_in_rows_compares_the_largest_log_with_the_smallest() -> None:
     assert cost_in_rows(by_rows) == {"first_run": 2.0, "later_run": 1.25}
     assert cost_in_rows({"1000": _run(10.0), "3000": _run(15.0)}) == {"first_run": 1.5}
     assert cost_in_rows({"1000": _run(10.0, 12.0)}) == {}
+
+
+def _timed(lines: int, seconds: float) -> dict[str, object]:
+    return {"rows": lines, "rows_per_second": lines / seconds}
+
+
+def test_fixed_cost_splits_the_first_runs_and_gives_the_most_fixed_cost_allowed() -> None:
+    # 4 s apart from the lines and 10 s per million lines; the middle size is ignored.
+    by_rows = {
+        "3060000": _timed(3_060_000, 4.0 + 30.6),
+        "2000000": _timed(2_000_000, 99.0),
+        "1020000": _timed(1_020_000, 4.0 + 10.2),
+    }
+    fit = fixed_cost(by_rows)
+    assert fit["fixed_seconds"] == pytest.approx(4.0)
+    assert fit["seconds_per_million_lines"] == pytest.approx(10.0)
+    # With that much fixed cost, rows/s at 3.06M is exactly 1.1x rows/s at 1.02M.
+    allowed = fit["allowed_fixed_seconds"]
+    ratio = (3.06 / (allowed + 30.6)) / (1.02 / (allowed + 10.2))
+    assert ratio == pytest.approx(1.10)
+    assert 1.5 < allowed < 1.7
+    # Sizes within 10 % of each other: no fixed cost breaks the target.
+    assert "allowed_fixed_seconds" not in fixed_cost(
+        {"1000": _timed(1000, 2.0), "1050": _timed(1050, 2.05)}
+    )
+    assert fixed_cost({"1000": _timed(1000, 2.0)}) == {}
+
+
+def test_the_table_gives_the_fixed_cost_against_spark_s_first_jobs(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    by_rows = {
+        "1020000": {**_timed(1_020_000, 14.2), "peak_rss_bytes": 2**30, "stages": {}},
+        "3060000": {**_timed(3_060_000, 34.6), "peak_rss_bytes": 2**30, "stages": {}},
+    }
+    floor = {"startup_seconds": 1.8, "tasks_per_job": 2, "job_seconds": [3.3, 0.2, 0.3, 0.25]}
+    results = {
+        "matmul_gflops": {"float32": 200.0, "bfloat16": 400.0},
+        "mflop_per_sample": 14.75,
+        "training": [],
+        "preprocessing_by_rows": by_rows,
+        "preprocessing_cost_in_rows": cost_in_rows(by_rows),
+        "preprocessing_fixed_cost": fixed_cost(by_rows),
+        "spark_floor": {"python": floor, "jvm": {**floor, "job_seconds": [1.9, 0.1]}},
+    }
+    print_table(results)
+    out = capsys.readouterr().out
+    assert (
+        "preprocessing first runs: 4.0 s apart from the lines + 10.0 s per million lines; " in out
+    )
+    assert "within 10% needs at most 1.6 s of it" in out
+    assert "first empty job of python tasks: 3.30 s, later ones 0.25 s (start-up 1.8 s" in out
+    assert "first empty job of jvm tasks: 1.90 s, later ones 0.10 s" in out
 
 
 @pytest.mark.parametrize("value", ["-5", "0,1000", "1e6"])
