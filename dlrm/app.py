@@ -49,7 +49,7 @@ from dlrm.evaluator import Evaluator
 from dlrm.export import export_saved_model
 from dlrm.model import Dlrm, ModelConfig
 from dlrm.optimizers import create_optimizer
-from dlrm.precision import Precision, choose_precision
+from dlrm.precision import Precision, bfloat16_note, choose_precision, matmul_gflops
 from dlrm.predictor import Predictor
 from dlrm.reporting import MetricsLog, Throughput, format_duration
 from dlrm.schedule import DlrmSchedule
@@ -243,6 +243,10 @@ def build_session(
     keras.utils.set_random_seed(config.seed)
     on_gpu = has_gpu()
     precision = choose_precision(config.amp, on_gpu)
+    if precision.dtype_policy == "mixed_bfloat16":
+        float32, bfloat16 = matmul_gflops(tf.float32), matmul_gflops(tf.bfloat16)
+        log.print(bfloat16_note(float32, bfloat16))
+        log.write("matmul_gflops", float32=float32, bfloat16=bfloat16)
     dense_chunk_rows = config.dense_chunk_rows_for(on_gpu, collectives.world_size)
     plan = None
     embeddings = None

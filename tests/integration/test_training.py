@@ -102,6 +102,8 @@ def test_training_learns_the_teacher(dataset: Path, trained: Path, tmp_path: Pat
     )
     assert code == 0, stderr
     untrained = summary(untrained_log)["auc"]
+    # Only --amp on a CPU times the matmuls.
+    assert "matmul_gflops" not in [r["event"] for r in records(untrained_log)]
     result = summary(trained / "metrics.jsonl")
     best_possible = teacher_auc(dataset)
     # Threshold from the teacher: at least 60% of its margin over chance.
@@ -123,6 +125,23 @@ def test_training_learns_the_teacher(dataset: Path, trained: Path, tmp_path: Pat
         "step_000000087",
         "step_000000116",
     ]
+
+
+def test_amp_on_a_cpu_reports_how_fast_it_multiplies_in_bfloat16(
+    dataset: Path, tmp_path: Path
+) -> None:
+    log = tmp_path / "amp.jsonl"
+    code, stdout, stderr = main_py(
+        f"--dataset_path={dataset}", *MODEL_FLAGS, "--amp", "--mode=eval", f"--log_path={log}"
+    )
+    assert code == 0, stderr
+    [speeds] = [r for r in records(log) if r["event"] == "matmul_gflops"]
+    assert speeds["float32"] > 0 and speeds["bfloat16"] > 0
+    line = f"GFLOP/s in bfloat16 and {speeds['float32']:.0f} in float32"
+    assert line in stdout + stderr
+    slower = speeds["bfloat16"] < speeds["float32"]
+    assert ("--amp will likely make training slower" in stdout + stderr) == slower
+    assert summary(log)["auc"] > 0
 
 
 def test_resume_from_a_checkpoint_matches_a_straight_run(dataset: Path, tmp_path: Path) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from dlrm.precision import DynamicLossScale, choose_precision
+from dlrm.precision import DynamicLossScale, bfloat16_note, choose_precision, matmul_gflops
 
 
 def test_policy_per_device() -> None:
@@ -38,3 +38,20 @@ def test_loss_scale_never_below_minimum_inside_tf_function() -> None:
     for _ in range(3):
         overflow()
     assert float(scale.scale.numpy()) == 1.0
+
+
+def test_the_amp_note_warns_only_where_bfloat16_multiplies_slower() -> None:
+    fast = bfloat16_note(float32_gflops=205.0, bfloat16_gflops=400.4)
+    assert fast == (
+        "--amp: this CPU multiplies 1024x1024 matrices at 400 GFLOP/s in bfloat16 and 205 in "
+        "float32"
+    )
+    slow = bfloat16_note(float32_gflops=289.0, bfloat16_gflops=163.0)
+    assert slow.startswith("--amp: this CPU multiplies 1024x1024 matrices at 163 GFLOP/s")
+    assert "WARNING: bfloat16 is the slower here" in slow
+    assert "leave --amp off on this machine" in slow
+
+
+def test_matmul_speed_is_measured_in_each_precision() -> None:
+    for dtype in (tf.float32, tf.bfloat16):
+        assert matmul_gflops(dtype, size=128, repeats=2) > 0
