@@ -296,13 +296,13 @@ def fixed_cost(by_rows: dict[str, dict[str, Any]]) -> dict[str, float]:
     if len(by_rows) < 2:
         return {}
     sizes = sorted(by_rows, key=int)
-    small, large = int(sizes[0]), int(sizes[-1])
-    seconds = {
-        n: by_rows[str(n)]["rows"] / by_rows[str(n)]["rows_per_second"] for n in (small, large)
-    }
-    per_line = (seconds[large] - seconds[small]) / (large - small)
+    # The lines each log has (the size asked for is rounded to whole days).
+    small, large = by_rows[sizes[0]]["rows"], by_rows[sizes[-1]]["rows"]
+    small_seconds = small / by_rows[sizes[0]]["rows_per_second"]
+    large_seconds = large / by_rows[sizes[-1]]["rows_per_second"]
+    per_line = (large_seconds - small_seconds) / (large - small)
     fit = {
-        "fixed_seconds": seconds[small] - per_line * small,
+        "fixed_seconds": small_seconds - per_line * small,
         "seconds_per_million_lines": per_line * 1e6,
     }
     # rows/s at n is n / (F + a n); the ratio large over small is at most 1 + tol
@@ -596,14 +596,14 @@ def main() -> int:
         results["loader"] = {"batch_size": max(batches), **loader(dataset, max(batches))}
         save(results, args.output)
         if preproc_rows:
-            results["preprocessing_by_rows"] = {}
-        for rows in preproc_rows:
-            print(f"preprocessing {rows:,} lines ...", flush=True)
-            results["preprocessing_by_rows"][str(rows)] = preprocessing(rows, work)
-            results["preprocessing_cost_in_rows"] = cost_in_rows(results["preprocessing_by_rows"])
-            results["preprocessing_fixed_cost"] = fixed_cost(results["preprocessing_by_rows"])
-            save(results, args.output)
-        if preproc_rows:
+            by_rows: dict[str, dict[str, Any]] = {}
+            results["preprocessing_by_rows"] = by_rows
+            for rows in preproc_rows:
+                print(f"preprocessing {rows:,} lines ...", flush=True)
+                by_rows[str(rows)] = preprocessing(rows, work)
+                results["preprocessing_cost_in_rows"] = cost_in_rows(by_rows)
+                results["preprocessing_fixed_cost"] = fixed_cost(by_rows)
+                save(results, args.output)
             print("Spark's first jobs ...", flush=True)
             results["spark_floor"] = spark_floor(work)
             save(results, args.output)
