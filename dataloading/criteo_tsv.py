@@ -172,10 +172,8 @@ def _write(out: IO[str], lines: list[str]) -> None:
     out.write("\n")
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m dataloading.criteo_tsv", description=__doc__.split("\n\n")[0]
-    )
+def main(argv: Sequence[str] | None = None, prog: str = "python -m dataloading.criteo_tsv") -> int:
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
     parser.add_argument("--output_dir", required=True)
     parser.add_argument("--days", type=int, default=3)
     parser.add_argument("--rows_per_day", type=int, default=100_000)

@@ -223,10 +223,8 @@ def _int_list(text: str) -> list[int]:
     return [int(v) for v in text.split(",") if v.strip()]
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m dataloading.synthetic", description=__doc__.split("\n\n")[0]
-    )
+def main(argv: Sequence[str] | None = None, prog: str = "python -m dataloading.synthetic") -> int:
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
     parser.add_argument("--output_dir", required=True)
     parser.add_argument("--train_rows", type=int, default=100_000)
     parser.add_argument("--test_rows", type=int, default=20_000)

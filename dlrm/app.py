@@ -35,7 +35,6 @@ from dlrm.dist import (
     check_ranks_agree,
     create_collectives,
     format_cpus,
-    launched_by_horovod,
 )
 from dlrm.embedding.planner import (
     PlanError,
@@ -47,6 +46,7 @@ from dlrm.embedding.planner import (
 from dlrm.embedding.sharded import ShardedEmbeddings
 from dlrm.evaluator import Evaluator
 from dlrm.export import export_saved_model
+from dlrm.launch import launched_by_horovod
 from dlrm.model import Dlrm, ModelConfig
 from dlrm.optimizers import create_optimizer
 from dlrm.precision import Precision, bfloat16_note, choose_precision, matmul_gflops
@@ -100,9 +100,8 @@ def kernels_apply(config: RunConfig, model_config: ModelConfig, log: MetricsLog)
         return False
     if kernels.load() is None:
         log.print(
-            f"the CPU kernels are not built ({kernels.library_path()} is missing): the "
-            f"{model_config.interaction} model runs on TensorFlow's ops, slower; "
-            "`make install` builds them"
+            f"the CPU kernels are not in use ({kernels.unavailable_reason()}): the "
+            f"{model_config.interaction} model runs on TensorFlow's ops, slower"
         )
         return False
     return True

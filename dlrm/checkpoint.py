@@ -58,6 +58,9 @@ _HASH_BLOCK = 1 << 22
 class CheckpointError(RuntimeError):
     """A checkpoint is missing, incomplete, corrupted or does not fit the model."""
 
+    # True when the ranks agreed on it through a collective (dlrm.launch).
+    same_on_every_rank = False
+
 
 RowReader = Callable[[int, int], np.ndarray]
 """`read(start, stop)`: rows [start, stop) of a shard (or of one of its optimizer

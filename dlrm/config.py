@@ -41,6 +41,9 @@ MIN_PIPELINED_CHUNK_ROWS = 1024
 class ConfigError(ValueError):
     """A flag value, or a combination of them, is invalid."""
 
+    # Every rank checks the same flags (dlrm.launch.same_on_every_rank).
+    same_on_every_rank = True
+
 
 @dataclasses.dataclass(frozen=True)
 class ScheduleConfig:

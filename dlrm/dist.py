@@ -18,6 +18,8 @@ from typing import Any
 
 import tensorflow as tf
 
+from dlrm.launch import launched_by_horovod
+
 
 class Collectives:
     """One process: every collective is the identity."""
@@ -145,6 +147,9 @@ class HorovodCollectives(Collectives):
 class RankMismatchError(RuntimeError):
     """Ranks hold different plans, tables or settings, or one rank failed a step
     that every rank must finish (a checkpoint write, a restore)."""
+
+    # Found from one allgather, the same on every rank (dlrm.launch.same_on_every_rank).
+    same_on_every_rank = True
 
 
 def check_ranks_agree(collectives: Collectives, facts: Mapping[str, Any]) -> None:
@@ -296,14 +301,6 @@ def share_cpus(
     except RuntimeError:  # the runtime has started: its pools stay as they are
         return bound, None
     return bound, threads
-
-
-def launched_by_horovod() -> bool:
-    """True under horovodrun (or srun with Horovod's MPI/Gloo environment)."""
-    return any(
-        name in os.environ
-        for name in ("HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK")
-    )
 
 
 def create_collectives(bind_cpus: bool = True) -> Collectives:

@@ -139,6 +139,7 @@ def _failure(
     also = "".join(f"; on rank {r}: {m}" for r, m in others)
     error = CheckpointError(f"{what} failed on rank {rank}: {message}{also}")
     error.__cause__ = own
+    error.same_on_every_rank = True  # `failed` is one allgather's (dlrm.launch)
     return error
 
 

@@ -62,3 +62,5 @@ else
     echo "[install] reusing built Horovod wheel $wheel_dir"
 fi
 "$py" -m pip install --quiet --no-deps --force-reinstall "$wheel_dir"/horovod-*.whl
+# Where the installed wheel is, for packaging/wheelhouse.sh (images, air-gapped installs).
+ls "$wheel_dir"/horovod-*.whl > "$venv/horovod-wheel.txt"

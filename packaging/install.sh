@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Installs everything the project needs, on a fresh Debian/Ubuntu machine or in the
 # Docker image: system packages, the virtual environment with pinned Python
-# packages, and Horovod built from source with TensorFlow + Gloo (+ MPI, NCCL when
-# present). Idempotent: when nothing it depends on changed since the last
+# packages, Horovod built from source with TensorFlow + Gloo (+ MPI, NCCL when
+# present), and the project itself as an editable install (its commands, such as
+# dlrm-train, on the venv's PATH; the code stays this checkout). Idempotent: when nothing it depends on changed since the last
 # successful run, it only checks and returns (a stamp file in the venv).
 #
 # Environment: VENV (default .venv), PYTHON (default python3), WITH_DEV=0 to skip
@@ -35,7 +36,7 @@ requirements=("$root/requirements.txt")
 fingerprint() {
     {
         cat "${requirements[@]}" "$root/constraints.txt" "$root"/packaging/*.sh \
-            "$root"/packaging/*.py
+            "$root"/packaging/*.py "$root/pyproject.toml"
         "$python" --version 2>&1
         gpu_present && echo gpu
         echo "with_mpi=${WITH_MPI:-1}"
@@ -77,7 +78,25 @@ build_kernels() {
     fi
 }
 
+# The project, installed editable from this checkout: its commands exist and import
+# the code from here (a moved checkout is installed again).
+project_installed() {
+    [ -x "$venv/bin/dlrm-train" ] || return 1
+    [ "$(cd / && "$venv/bin/python" -c 'import dlrm, pathlib
+print(pathlib.Path(dlrm.__file__).resolve().parents[1])' 2>/dev/null)" = "$root" ]
+}
+
+install_project() {
+    [ -f "$root/dlrm/__init__.py" ] || return 0  # the Dockerfile's install layer: no code yet
+    project_installed && return 0
+    log "pip install -e $root (the project: dlrm-train, dlrm-preprocess, ...)"
+    "$venv/bin/python" -m pip --disable-pip-version-check install --quiet --no-deps \
+        --no-build-isolation -e "$root" 2>"$venv/project-install.log" \
+        || { cat "$venv/project-install.log" >&2; exit 1; }
+}
+
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$(fingerprint)" ] && horovod_loads; then
+    install_project
     build_kernels
     log "up to date ($venv)"
     exit 0
@@ -131,14 +150,15 @@ log "pip install ${requirements[*]##*/}"
 "${pip[@]}" install --quiet "${reqs[@]}" -c "$root/constraints.txt"
 
 # --- Horovod ---------------------------------------------------------------------
+# Always through build_horovod.sh: it installs the wheel for the current TensorFlow,
+# build options and patch (from its cache when one was built; a changed patch builds
+# anew, which an installed Horovod that merely loads would hide).
+"$root/packaging/build_horovod.sh" "$venv"
 if ! check_horovod; then
-    "$root/packaging/build_horovod.sh" "$venv"
-    if ! check_horovod; then
-        echo "[install] horovodrun --check-build does not list TensorFlow and Gloo" \
-             "(and MPI, with mpicxx installed):" >&2
-        echo "${build_info:-<no output>}" >&2
-        exit 1
-    fi
+    echo "[install] horovodrun --check-build does not list TensorFlow and Gloo" \
+         "(and MPI, with mpicxx installed):" >&2
+    echo "${build_info:-<no output>}" >&2
+    exit 1
 fi
 log "horovod built with: $(grep -oE '\[X\] (TensorFlow|Gloo|MPI|NCCL)' <<<"$build_info" \
     | sed 's/\[X\] //' | sort -u | tr '\n' ' ')"
@@ -156,6 +176,7 @@ if [ -f "$root/preproc/class_archive.py" ]; then
             "without it, starting about 2 s slower"
     fi
 fi
+install_project
 build_kernels
 fingerprint > "$stamp"
 log "done ($venv)"

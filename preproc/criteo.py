@@ -133,9 +133,9 @@ def assign_days(
     return out
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(prog: str = "python -m preproc.criteo") -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m preproc.criteo",
+        prog=prog,
         description=__doc__.split("\n\n")[0],
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog=__doc__.split("\n\n", 2)[2],
@@ -193,13 +193,18 @@ def criteo_config(args: argparse.Namespace) -> PipelineConfig:
     )
 
 
-def _main(argv: Sequence[str] | None) -> int:
-    args = build_parser().parse_args(argv)
+def _main(argv: Sequence[str] | None, prog: str = "python -m preproc.criteo") -> int:
+    args = build_parser(prog).parse_args(argv)
     return run_with_spark(criteo_config(args), args)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     return run_cli(_main, argv)
+
+
+def console_main() -> int:
+    """The `dlrm-preprocess` command: the same tool under its installed name."""
+    return run_cli(lambda argv: _main(argv, "dlrm-preprocess"), None)
 
 
 if __name__ == "__main__":

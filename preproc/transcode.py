@@ -251,9 +251,9 @@ def build_layout(
     )
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(prog: str = "python -m preproc.transcode") -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m preproc.transcode",
+        prog=prog,
         description=__doc__.split("\n\n")[0],
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog=__doc__.split("\n\n", 2)[2],
@@ -328,13 +328,18 @@ def transcode_config(args: argparse.Namespace) -> PipelineConfig:
     )
 
 
-def _main(argv: Sequence[str] | None) -> int:
-    args = build_parser().parse_args(argv)
+def _main(argv: Sequence[str] | None, prog: str = "python -m preproc.transcode") -> int:
+    args = build_parser(prog).parse_args(argv)
     return run_with_spark(transcode_config(args), args)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     return run_cli(_main, argv)
+
+
+def console_main() -> int:
+    """The `dlrm-transcode` command: the same tool under its installed name."""
+    return run_cli(lambda argv: _main(argv, "dlrm-transcode"), None)
 
 
 if __name__ == "__main__":

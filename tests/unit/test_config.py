@@ -86,13 +86,13 @@ def test_eval_steps_are_spread_over_each_epoch() -> None:
 
 def config_from_flagfile(flagfile: Path, text: str, *more_flags: str) -> RunConfig:
     """main.py's config of `--flagfile` (holding `text`) and `more_flags`."""
-    import main
+    from dlrm import cli
 
     flagfile.write_text(text)
     flags.FLAGS.unparse_flags()
     flags.FLAGS(["main.py", f"--flagfile={flagfile}", *more_flags])
     try:
-        return main.config_from_flags()
+        return cli.config_from_flags()
     finally:
         flags.FLAGS.unparse_flags()
 

@@ -15,8 +15,7 @@ import time
 
 from absl import app
 
-import main
-from dlrm import checkpoint
+from dlrm import checkpoint, cli
 
 TARGETS = {
     "save": (checkpoint.CheckpointWriter, "add_table_shard"),
@@ -45,4 +44,4 @@ if __name__ == "__main__":
     rank, call, after, *flags = sys.argv[1:]
     if os.environ.get("HOROVOD_RANK") == rank:
         inject(call, int(after))
-    app.run(lambda argv: sys.exit(main.main(argv)), argv=["main.py", *flags])
+    app.run(lambda argv: sys.exit(cli.main(argv)), argv=["main.py", *flags])

@@ -1,0 +1,308 @@
+"""`dlrm-train` (and `python main.py` in a checkout): DLRM training from the command line.
+
+    dlrm-train --dataset_path DIR [--mode train|eval|inference|export] [flags]
+    dlrm-train --flagfile run.flags
+    horovodrun -np 2 dlrm-train --dataset_path DIR ...
+
+Flag names follow NVIDIA's TF2 DLRM where one exists. This module only defines
+the flags, builds and validates one `RunConfig`, decides how much TensorFlow
+logs, and calls `dlrm.app.run`. `--flagfile` also finds the flagfiles that ship
+with the package (`dlrm/flagfiles/`) by name, e.g. `--flagfile
+mlperf_dcnv2_small.flags`, from any directory.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from absl import app, flags
+
+from dlrm import launch
+from dlrm.config import (
+    DEFAULT_CPU_DENSE_CHUNK_ROWS,
+    INPUT_MODES,
+    INTERACTIONS,
+    MIN_PIPELINED_CHUNK_ROWS,
+    MODES,
+    OPTIMIZERS,
+    SHARDING_STRATEGIES,
+    ConfigError,
+    RunConfig,
+)
+
+USAGE = """Trains, evaluates, benchmarks or exports a DLRM model.
+
+    dlrm-train --dataset_path DIR [--mode train|eval|inference|export] [flags]
+    dlrm-train --flagfile run.flags      (the packaged mlperf_dcnv2*.flags by name, too)
+    horovodrun -np 2 dlrm-train ...      (hybrid-parallel: tables sharded over the ranks)
+"""
+_D = RunConfig.default
+
+flags.DEFINE_enum("mode", _D("mode"), list(MODES), "What to run.")
+flags.DEFINE_string("dataset_path", None, "Dataset directory (holds the FeatureSpec).")
+flags.DEFINE_string(
+    "feature_spec", _D("feature_spec"), "FeatureSpec file name inside --dataset_path."
+)
+flags.DEFINE_bool(
+    "check_ids",
+    _D("check_ids"),
+    "Stop with an error naming the table, file and row when a categorical id is outside "
+    "[0, cardinality) (checked per batch in the loader).",
+)
+flags.DEFINE_integer("batch_size", _D("batch_size"), "Global training batch size.")
+flags.DEFINE_integer(
+    "valid_batch_size",
+    None,
+    "Global batch size for evaluation and inference (default: --batch_size).",
+)
+flags.DEFINE_enum("optimizer", _D("optimizer"), list(OPTIMIZERS), "Optimizer.")
+flags.DEFINE_float("learning_rate", _D("learning_rate"), "Peak learning rate.")
+flags.DEFINE_integer("warmup_steps", _D("warmup_steps"), "Linear warmup steps.")
+flags.DEFINE_integer(
+    "decay_start_step",
+    _D("decay_start_step"),
+    "Step where the polynomial decay starts (0: no decay).",
+)
+flags.DEFINE_integer("decay_steps", _D("decay_steps"), "Length of the polynomial decay.")
+flags.DEFINE_float("decay_power", _D("decay_power"), "Power of the polynomial decay.")
+flags.DEFINE_float("decay_end_lr", _D("decay_end_lr"), "Learning rate after the decay.")
+flags.DEFINE_integer("epochs", _D("epochs"), "Passes over the training split.")
+flags.DEFINE_integer("max_steps", _D("max_steps"), "Stop after this many steps (-1: no limit).")
+flags.DEFINE_integer("seed", _D("seed"), "Seed of the initial weights.")
+flags.DEFINE_list(
+    "embedding_dim",
+    [str(d) for d in _D("embedding_dim")],
+    "Embedding width: one for every table, or a comma-separated width per table "
+    "(--interaction cross only).",
+)
+flags.DEFINE_list(
+    "bottom_mlp_dims",
+    [str(d) for d in _D("bottom_mlp_dims")],
+    "Bottom MLP widths; with --interaction dot the last equals --embedding_dim.",
+)
+flags.DEFINE_list(
+    "top_mlp_dims", [str(d) for d in _D("top_mlp_dims")], "Top MLP widths; the last is 1."
+)
+flags.DEFINE_enum(
+    "interaction",
+    _D("interaction"),
+    list(INTERACTIONS),
+    "dot: DLRM's pairwise dot products; cross: a DCNv2 cross network over the bottom-MLP "
+    "output and all embedding vectors.",
+)
+flags.DEFINE_integer(
+    "num_cross_layers", _D("num_cross_layers"), "Cross layers of --interaction cross."
+)
+flags.DEFINE_integer(
+    "cross_layer_projection_dim",
+    _D("cross_layer_projection_dim"),
+    "Rank of each cross layer's weight matrix (low-rank projection); 0: full rank.",
+)
+flags.DEFINE_list(
+    "pooling",
+    list(_D("pooling")),
+    "How a multi-hot row's vectors are pooled, sum or mean: one for every table, or a "
+    "comma-separated one per table.",
+)
+flags.DEFINE_enum(
+    "sharding_strategy",
+    _D("sharding_strategy"),
+    list(SHARDING_STRATEGIES),
+    "Embedding placement under horovodrun: cost-driven greedy, memory only, or round-robin.",
+)
+flags.DEFINE_integer(
+    "data_parallel_threshold",
+    _D("data_parallel_threshold"),
+    "Tables of at most this many elements (rows x dim) are replicated on every rank.",
+)
+flags.DEFINE_integer(
+    "column_slice_threshold",
+    _D("column_slice_threshold"),
+    "Larger tables are sliced by columns across ranks.",
+)
+flags.DEFINE_integer(
+    "row_slice_threshold",
+    _D("row_slice_threshold"),
+    "Larger tables are split by rows across ranks.",
+)
+flags.DEFINE_float(
+    "embedding_memory_budget_gib",
+    _D("embedding_memory_budget_gib"),
+    "Embedding memory (values + optimizer slots) per rank, GiB; 0: no limit.",
+)
+flags.DEFINE_enum(
+    "input_mode",
+    _D("input_mode"),
+    list(INPUT_MODES),
+    "model_parallel: a rank reads its tables' ids for the global batch; data_parallel: all "
+    "ids of its local rows, exchanged by alltoall.",
+)
+flags.DEFINE_string(
+    "sharding_plan",
+    None,
+    "A sharding plan JSON (e.g. sharding_plan.json of an earlier run) to use instead of "
+    "planning; it must be for this world size and these tables.",
+)
+flags.DEFINE_bool(
+    "bind_cpus",
+    True,
+    "Ranks that share a host each run on CPUs of their own (consecutive slices of the "
+    "host's CPUs), unless a launcher or container already bound them. --nobind_cpus: "
+    "they share every CPU, each with its share as intra-op threads.",
+)
+flags.DEFINE_bool("amp", False, "Mixed precision: bfloat16 on CPU, float16 + loss scaling on GPU.")
+flags.DEFINE_bool("xla", False, "Compile the dense part (MLPs, interaction) with XLA.")
+flags.DEFINE_bool(
+    "use_kernels",
+    True,
+    "On CPUs, run the project's own kernels (built by make install): the dot interaction "
+    "(not under --xla), one-hot lookups, the finite check, SGD's updates. "
+    "--nouse_kernels: TensorFlow's ops only.",
+)
+flags.DEFINE_integer(
+    "dense_chunk_rows",
+    None,
+    "Run the dense part (MLPs, interaction, their gradients) over chunks of this many of "
+    "a rank's rows, one after another, summing their gradients: the same step in less "
+    "memory; on several ranks each chunk's vectors cross on their own, overlapping "
+    f"another chunk's compute. Default on CPUs: {DEFAULT_CPU_DENSE_CHUNK_ROWS} on one "
+    f"rank; on several, a quarter of a rank's rows within {MIN_PIPELINED_CHUNK_ROWS}-"
+    f"{DEFAULT_CPU_DENSE_CHUNK_ROWS}. GPUs: the whole batch. 0: the whole batch.",
+)
+flags.DEFINE_integer("evals_per_epoch", _D("evals_per_epoch"), "Evaluations per epoch.")
+flags.DEFINE_integer("print_freq", _D("print_freq"), "Steps between progress lines.")
+flags.DEFINE_string(
+    "log_path", None, "JSON-lines metrics log (default: metrics.jsonl in --save_checkpoint_path)."
+)
+flags.DEFINE_string(
+    "tensorboard_dir",
+    None,
+    "TensorBoard directory (default: tensorboard/ in --save_checkpoint_path).",
+)
+flags.DEFINE_string("save_checkpoint_path", None, "Directory for checkpoints (step_* inside).")
+flags.DEFINE_string(
+    "restore_checkpoint_path",
+    None,
+    "Checkpoint to restore: a step_* directory, or a directory of them (the newest is used).",
+)
+flags.DEFINE_integer("keep_checkpoints", _D("keep_checkpoints"), "Checkpoints kept.")
+flags.DEFINE_string("saved_model_output_path", None, "Where --mode export writes the SavedModel.")
+flags.DEFINE_integer(
+    "benchmark_warmup_steps", _D("benchmark_warmup_steps"), "Untimed first inference batches."
+)
+
+FLAGS = flags.FLAGS
+
+
+def _widths(flag: str, values: list[str]) -> tuple[int, ...]:
+    try:
+        return tuple(int(v) for v in values)
+    except ValueError:
+        raise ValueError(
+            f"--{flag}: expected comma-separated integers, got {','.join(values)!r}"
+        ) from None
+
+
+def config_from_flags() -> RunConfig:
+    """The frozen, validated config (raises ConfigError/ValueError naming the flag).
+
+    Every RunConfig field is the flag of the same name; MLP widths are parsed."""
+    values = {field.name: getattr(FLAGS, field.name) for field in dataclasses.fields(RunConfig)}
+    for flag in ("embedding_dim", "bottom_mlp_dims", "top_mlp_dims"):
+        values[flag] = _widths(flag, values[flag])
+    return RunConfig(**values)
+
+
+# The flagfiles that ship with the package (MLPerf DLRM-DCNv2 and its scaled-down variant).
+PACKAGED_FLAGFILES = Path(__file__).resolve().parent / "flagfiles"
+
+
+def resolve_flagfiles(argv: Sequence[str]) -> list[str]:
+    """`argv` with each `--flagfile` that names no file but a packaged flagfile
+    (by its name, or as `dlrm/flagfiles/NAME` from outside a checkout) pointed
+    at the packaged one; every other argument unchanged."""
+    out = list(argv)
+    for index, arg in enumerate(out):
+        if arg.startswith("--flagfile="):
+            prefix, value = "--flagfile=", arg[len("--flagfile=") :]
+        elif arg == "--flagfile" and index + 1 < len(out):
+            prefix, value, index = "", out[index + 1], index + 1
+        else:
+            continue
+        packaged = PACKAGED_FLAGFILES / Path(value).name
+        if value and not Path(value).exists() and packaged.is_file():
+            out[index] = prefix + str(packaged)
+    return out
+
+
+def quiet_logs(verbose: bool) -> None:
+    """Sets how much TensorFlow logs; must precede its import. By default only
+    errors: none of its C++ start-up lines, no absl pre-init notice, none of the
+    INFO lines that TensorFlow's Python code logs through absl (a SavedModel's
+    saving, for one). `--verbosity 0` or higher (absl's flag), or
+    TF_CPP_MIN_LOG_LEVEL in the environment for the C++ part, brings them back."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "0" if verbose else "2")
+    if not verbose:
+        import logging
+
+        from absl import logging as absl_logging
+
+        logging.getLogger("tensorflow").setLevel(logging.ERROR)
+        absl_logging.set_verbosity(absl_logging.ERROR)
+
+
+def _error(message: str, same_on_every_rank: bool) -> None:
+    """Prints `message` on stderr, once per job when every rank has it alike."""
+    if not same_on_every_rank or launch.reports():
+        print(f"{_program()}: {message}", file=sys.stderr)
+
+
+def _program() -> str:
+    return Path(sys.argv[0]).name if sys.argv and sys.argv[0] else "dlrm-train"
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) > 1:
+        _error(f"unexpected arguments {argv[1:]}; every setting is a --flag", True)
+        return 2
+    try:
+        config = config_from_flags()
+    except ValueError as error:
+        _error(f"invalid flags: {error}", True)
+        return 2
+    quiet_logs(bool(FLAGS["verbosity"].present) and FLAGS.verbosity >= 0)
+    from dataloading.errors import DatasetError
+    from dlrm.app import run
+    from dlrm.checkpoint import CheckpointError
+    from dlrm.dist import RankMismatchError
+    from dlrm.embedding.planner import PlanError
+    from dlrm.trainer import NonFiniteLossError
+    from feature_spec import FeatureSpecError
+
+    try:
+        run(config)
+    except ConfigError as error:  # settings that only the run can check (world size)
+        _error(f"invalid flags: {error}", True)
+        return 2
+    except (FeatureSpecError, DatasetError, CheckpointError, PlanError, RankMismatchError) as error:
+        _error(str(error), launch.same_on_every_rank(error))
+        return 1
+    except NonFiniteLossError as error:
+        _error(str(error), launch.same_on_every_rank(error))
+        return 3
+    return 0
+
+
+def console_main() -> None:
+    """The `dlrm-train` command (and `python main.py`)."""
+    main_module = sys.modules["__main__"]
+    if not main_module.__doc__:  # absl's --help shows it; an installed command's has none
+        main_module.__doc__ = USAGE
+    # --help lists the main module's flags: ours, defined here.
+    for flag in FLAGS.get_flags_for_module(__name__):
+        FLAGS.register_key_flag_for_module(sys.argv[0], flag)
+    app.run(lambda argv: sys.exit(main(argv)), argv=resolve_flagfiles(sys.argv))
