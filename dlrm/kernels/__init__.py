@@ -16,11 +16,16 @@ TensorFlow's CPU kernels run some of DLRM's ops far below the machine's speed
   gradient: no concatenation of 26 lookups, no split of their gradient.
 
 `make install` compiles them with the system's g++ against the installed
-TensorFlow's headers (`python -m dlrm.kernels`, a few seconds) into
+TensorFlow's headers (`python -m dlrm.kernels`, about 30 s on 2 cores) into
 `<venv>/lib/dlrm-kernels/`, under a name that carries a fingerprint of the
 sources and of TensorFlow's version: a library built from other sources, or
-for another TensorFlow, is never loaded. Without a library the model runs the
-same computation on TensorFlow's ops (`dlrm.interaction`), slower.
+for another TensorFlow, is never loaded. An installation that did not build
+them (`pip install` of the wheel) builds them on first use, once, into the
+environment's `lib/` or, where that is read-only, into a per-user cache
+(`$XDG_CACHE_HOME/dlrm-hybrid/kernels`); ranks starting together wait for
+one build. Where they cannot be built (no compiler, another CPU architecture)
+or loaded, one line says so, and the model runs the same computation on
+TensorFlow's ops (`dlrm.interaction`), slower.
 
 The code is compiled for three CPU levels (AVX-512, AVX2 and baseline x86-64)
 and the best one the CPU has is picked when the library is loaded, so a library
@@ -31,6 +36,8 @@ TensorFlow's ops; the kernels outside it (lookups, finite check, updates) run.
 
 from __future__ import annotations
 
+import fcntl
+import functools
 import hashlib
 import importlib.metadata
 import os
@@ -64,6 +71,9 @@ COMPILE_OPTIONS = (
 
 _lock = threading.Lock()
 _loaded: dict[Path, Any] = {}
+# The library for the current sources and TensorFlow, once loaded: what `require()`
+# returns without looking for files again (it runs while TensorFlow traces steps).
+_current: Any | None = None
 
 
 class KernelBuildError(RuntimeError):
@@ -71,10 +81,10 @@ class KernelBuildError(RuntimeError):
 
 
 def tensorflow_version() -> str:
-    """The installed TensorFlow distribution's version, without importing it."""
+    """The installed TensorFlow distribution and version, without importing it."""
     for name in ("tensorflow-cpu", "tensorflow"):
         try:
-            return importlib.metadata.version(name)
+            return f"{name} {importlib.metadata.version(name)}"
         except importlib.metadata.PackageNotFoundError:
             continue
     return "none"
@@ -82,21 +92,49 @@ def tensorflow_version() -> str:
 
 def fingerprint() -> str:
     """Of the sources, the build options and the TensorFlow they compile against."""
+    return _fingerprint(tensorflow_version())
+
+
+@functools.cache
+def _fingerprint(tensorflow: str) -> str:
+    # Hashed once per process: library_path() is asked on every load.
     digest = hashlib.sha256()
     for source in (*SOURCES, *HEADERS):
         digest.update(source.read_bytes())
     digest.update(" ".join(COMPILE_OPTIONS).encode())
-    digest.update(tensorflow_version().encode())
+    digest.update(tensorflow.encode())
     return digest.hexdigest()[:16]
 
 
-def library_dir() -> Path:
-    return Path(sys.prefix) / "lib" / "dlrm-kernels"
+def library_dirs() -> tuple[Path, ...]:
+    """Where libraries are looked for and built, in order: the environment's own
+    (`<venv>/lib/dlrm-kernels`), then a per-user cache, for an installation
+    whose environment is read-only."""
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return (Path(sys.prefix) / "lib" / "dlrm-kernels", cache / "dlrm-hybrid" / "kernels")
 
 
 def library_path() -> Path:
-    """Where the library for the current sources and TensorFlow is (or goes)."""
-    return library_dir() / f"dlrm_kernels-{fingerprint()}.so"
+    """The library for the current sources and TensorFlow: where it is, else where
+    it goes (the first of `library_dirs()` that this user may write)."""
+    name = f"dlrm_kernels-{fingerprint()}.so"
+    candidates = [directory / name for directory in library_dirs()]
+    for candidate in candidates:
+        if candidate.exists():
+            return candidate
+    for candidate in candidates:
+        if _writable(candidate.parent):
+            return candidate
+    return candidates[0]
+
+
+def _writable(directory: Path) -> bool:
+    """Whether `directory` exists writable, or could be created: its nearest
+    existing ancestor is writable."""
+    for path in (directory, *directory.parents):
+        if path.exists():
+            return path.is_dir() and os.access(path, os.W_OK | os.X_OK)
+    return False
 
 
 def build(output: Path | None = None) -> Path:
@@ -104,8 +142,9 @@ def build(output: Path | None = None) -> Path:
 
     The library is written under a temporary name in the same directory and
     renamed when the compiler succeeded, so no half-written library is ever at
-    `output`. Libraries of other fingerprints in the default directory are
-    removed. Raises KernelBuildError when the compiler fails or is missing.
+    `output`. Libraries of other fingerprints in the default directory, and
+    notes of failed builds there, are removed. Raises KernelBuildError when the
+    compiler fails or is missing.
     """
     import tensorflow as tf
 
@@ -137,8 +176,8 @@ def build(output: Path | None = None) -> Path:
             os.replace(staging, target)
         finally:
             Path(staging).unlink(missing_ok=True)
-    if output is None:
-        for old in target.parent.glob("dlrm_kernels-*.so"):
+    if output is None:  # libraries of other fingerprints, and notes of failed builds
+        for old in target.parent.glob("dlrm_kernels-*"):
             if old != target:
                 old.unlink(missing_ok=True)
     return target
@@ -159,32 +198,103 @@ def _finish(process: subprocess.Popen[str], compiler: str, target: Path) -> None
         )
 
 
-def load(path: Path | None = None) -> Any | None:
-    """The kernels' TensorFlow module (`tf.load_op_library`), or None when no
-    library was built for the current sources and TensorFlow."""
-    path = path or library_path()
-    with _lock:
-        if path in _loaded:
-            return _loaded[path]
-        if not path.exists():
-            return None
-        import tensorflow as tf
+# Why the last `load()` gave None, in words; None after a load that succeeded.
+_unavailable: str | None = None
 
+
+def load(path: Path | None = None) -> Any | None:
+    """The kernels' TensorFlow module (`tf.load_op_library`), or None, with the
+    reason in `unavailable_reason()`.
+
+    Without `path`: the library for the current sources and TensorFlow, built
+    first when missing (`ensure_built`), and kept once loaded: later calls,
+    made while TensorFlow traces the model's steps, look for no file. With
+    `path`: that file, never built. A library that exists but does not load
+    (another architecture, a broken file) gives None too: the model then runs
+    on TensorFlow's ops."""
+    global _current
+    with _lock:
+        if path is not None:
+            return _load(path)
+        if _current is None:
+            built = ensure_built()
+            _current = None if built is None else _load(built)
+        return _current
+
+
+def _load(path: Path) -> Any | None:
+    global _unavailable
+    if path in _loaded:
+        return _loaded[path]
+    if not path.exists():
+        _unavailable = f"{path} is missing"
+        return None
+    import tensorflow as tf
+
+    try:
         module = tf.load_op_library(str(path))
-        if not _loaded:
-            _register_gradients(module)
-        _loaded[path] = module
-        return module
+    except (tf.errors.OpError, OSError) as error:
+        first_line = str(error).strip().splitlines()[0] if str(error).strip() else ""
+        _unavailable = f"{path} did not load: {type(error).__name__}: {first_line}"
+        return None
+    if not _loaded:
+        _register_gradients(module)
+    _loaded[path] = module
+    _unavailable = None
+    return module
+
+
+def unavailable_reason() -> str | None:
+    """Why the last `load()` gave None (one line), or None."""
+    return _unavailable
+
+
+def ensure_built() -> Path | None:
+    """The library for the current sources and TensorFlow, compiled now if no
+    library is there yet (once: ranks that start together wait on a lock for
+    one build, and a failed build leaves a note beside it that later runs read
+    instead of compiling again; `python -m dlrm.kernels` retries). None, with
+    the reason in `unavailable_reason()`, when it cannot be built."""
+    global _unavailable
+    target = library_path()
+    if target.exists():
+        return target
+    failed = target.with_name(target.name + ".failed")
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        lock = (target.parent / ".build.lock").open("w")
+    except OSError as error:
+        _unavailable = f"{target.parent} is not writable to build them in ({error.strerror})"
+        return None
+    with lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        if target.exists():  # another process built it meanwhile
+            return target
+        if failed.exists():
+            _unavailable = failed.read_text().strip()
+            return None
+        print(
+            f"[kernels] compiling the CPU kernels for {tensorflow_version()} into "
+            f"{target.parent} (once; about 30 s)",
+            file=sys.stderr,
+            flush=True,
+        )
+        try:
+            return build()
+        except KernelBuildError as error:
+            reason = str(error).splitlines()[0]
+            _unavailable = f"their build failed: {reason} (`python -m dlrm.kernels` retries)"
+            failed.write_text(_unavailable + "\n")
+            return None
 
 
 def require() -> Any:
-    """The loaded library; RuntimeError naming the fix when it was not built."""
+    """The loaded library; RuntimeError naming the reason when there is none."""
     module = load()
     if module is None:
         raise RuntimeError(
-            f"the project's CPU kernels are not built for these sources and TensorFlow "
-            f"{tensorflow_version()} (expected {library_path()}): run `make install` or "
-            "`python -m dlrm.kernels`"
+            f"the project's CPU kernels are not available for {tensorflow_version()}: "
+            f"{unavailable_reason()}; `python -m dlrm.kernels` builds them"
         )
     return module
 

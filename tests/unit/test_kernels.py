@@ -421,3 +421,89 @@ def test_a_failed_build_says_why_and_leaves_nothing(tmp_path: Path) -> None:
     assert run.returncode == 1
     assert "[kernels] not built: false exited with 1" in run.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_library_that_does_not_load_falls_back_with_the_reason(tmp_path: Path) -> None:
+    broken = tmp_path / "dlrm_kernels-broken.so"
+    broken.write_bytes(b"not a shared library")
+    assert kernels.load(broken) is None
+    reason = kernels.unavailable_reason()
+    assert reason is not None and f"{broken} did not load" in reason
+    assert "\n" not in reason
+
+
+def test_the_library_goes_to_a_user_cache_when_the_environment_is_read_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    environment, cache = tmp_path / "venv" / "lib" / "dlrm-kernels", tmp_path / "cache"
+    monkeypatch.setattr(kernels, "library_dirs", lambda: (environment, cache))
+    monkeypatch.setattr(kernels, "_writable", lambda directory: directory != environment)
+    assert kernels.library_path().parent == cache
+    # A library already in the environment is found there, writable or not.
+    environment.mkdir(parents=True)
+    (environment / f"dlrm_kernels-{kernels.fingerprint()}.so").touch()
+    assert kernels.library_path().parent == environment
+
+
+# Two processes that start together and find no library, as two ranks of a
+# fresh installation: `dlrm_kernels` points the library's directories at argv[1].
+FIRST_USE = """
+import sys
+from pathlib import Path
+from dlrm import kernels
+kernels.library_dirs = lambda: (Path(sys.argv[1]),)
+module = kernels.load()
+assert module is not None, kernels.unavailable_reason()
+import tensorflow as tf
+print(bool(module.dlrm_all_finite([tf.constant([1.0, 2.0])])))
+"""
+
+
+def test_first_use_builds_the_library_once_for_ranks_that_start_together(tmp_path: Path) -> None:
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
+    ranks = [
+        subprocess.Popen(
+            [sys.executable, "-c", FIRST_USE, str(tmp_path / "kernels")],
+            cwd=tmp_path,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(2)
+    ]
+    outputs = [rank.communicate(timeout=300) for rank in ranks]
+    for rank, (stdout, stderr) in zip(ranks, outputs, strict=True):
+        assert rank.returncode == 0, stderr
+        assert stdout.strip() == "True"
+    compiled = [
+        line for _, stderr in outputs for line in stderr.splitlines() if "compiling" in line
+    ]
+    assert len(compiled) == 1, outputs
+    assert f"into {tmp_path / 'kernels'}" in compiled[0]
+    libraries = sorted(p.name for p in (tmp_path / "kernels").glob("dlrm_kernels-*"))
+    assert libraries == [f"dlrm_kernels-{kernels.fingerprint()}.so"]
+
+
+def test_a_failed_first_build_is_noted_once_and_not_repeated(tmp_path: Path) -> None:
+    script = FIRST_USE.replace(
+        "assert module is not None, kernels.unavailable_reason()",
+        "print(kernels.unavailable_reason()); sys.exit(0)",
+    )
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "CXX": "no-such-compiler"}
+    runs = [
+        subprocess.run(
+            [sys.executable, "-c", script, str(tmp_path / "kernels")],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        for _ in range(2)
+    ]
+    for run in runs:
+        assert run.returncode == 0, run.stderr
+        assert "their build failed: no C++ compiler: 'no-such-compiler'" in run.stdout
+    assert "compiling" in runs[0].stderr
+    assert "compiling" not in runs[1].stderr  # the note of the first failure is read instead

@@ -199,13 +199,23 @@ def step_op_count(s: Session, batch: Any, op: str) -> int:
 def test_without_built_kernels_training_says_so_and_runs_tensorflow_ops(
     dataset: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # A machine without a compiler: the library is missing and cannot be built.
     missing = tmp_path / "dlrm_kernels-missing.so"
     monkeypatch.setattr(kernels, "library_path", lambda: missing)
+    monkeypatch.setattr(kernels, "_current", None)  # forget the library loaded before
+
+    def no_compiler(output: Path | None = None) -> Path:
+        raise kernels.KernelBuildError("no C++ compiler: 'g++' ($CXX or g++) not found")
+
+    monkeypatch.setattr(kernels, "build", no_compiler)
     console = io.StringIO()
     values = {"dataset_path": str(dataset), "batch_size": BATCH, "embedding_dim": 6}
     values |= {"bottom_mlp_dims": (9, 6), "top_mlp_dims": (11, 1)}
     s = build_session(RunConfig(**values), MetricsLog(None, None, console=console))
-    assert f"the CPU kernels are not built ({missing} is missing)" in console.getvalue()
+    printed = console.getvalue()
+    assert "the CPU kernels are not in use (their build failed: no C++ compiler" in printed
+    assert printed.count("CPU kernels") == 1, printed  # one line
+    assert (tmp_path / "dlrm_kernels-missing.so.failed").exists()  # not compiled again
     assert not s.model.use_kernels
     assert s.trainer is not None
     assert np.isfinite(float(s.trainer.train_step(batches(dataset, 1)[0])))
