@@ -11,7 +11,7 @@ from preproc.config import DEFAULT_ROWS_PER_PARTITION, PipelineConfig
 from preproc.errors import PreprocessingError
 from preproc.pipeline import run_pipeline
 from preproc.report import format_report
-from preproc.spark import SparkSettings, parse_conf_items, start_spark
+from preproc.spark import LOG_LEVELS, SparkSettings, parse_conf_items, start_spark
 
 
 def add_output_flags(parser: argparse.ArgumentParser) -> None:
@@ -70,6 +70,12 @@ def add_spark_flags(parser: argparse.ArgumentParser) -> None:
         metavar="KEY=VALUE",
         help="any Spark setting (repeatable); applied last",
     )
+    group.add_argument(
+        "--spark_log_level",
+        choices=LOG_LEVELS,
+        default="error",
+        help="what Spark itself logs to the console (default: errors only)",
+    )
     group.add_argument("--driver_memory", help="spark.driver.memory, e.g. 4g")
     group.add_argument("--executor_memory", help="spark.executor.memory (clusters)")
     group.add_argument("--local_dir", help="spark.local.dir: disk for shuffle and spill files")
@@ -92,6 +98,7 @@ def spark_settings(args: argparse.Namespace) -> SparkSettings:
         gpu_discovery_script=args.gpu_discovery_script,
         gpu_pinned_memory=args.gpu_pinned_memory,
         spark_conf=parse_conf_items(args.spark_conf),
+        spark_log_level=args.spark_log_level,
     )
 
 

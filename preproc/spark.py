@@ -11,6 +11,7 @@ import contextlib
 import dataclasses
 import os
 import re
+import site
 import sys
 import threading
 import time
@@ -25,14 +26,17 @@ if TYPE_CHECKING:
 
 Console = Callable[[str], None]
 
-# Spark's Python workers import preproc.partition_writer from here.
-PROJECT_ROOT = Path(__file__).resolve().parents[1]
+# The directory the driver imported preproc from: a checkout, or site-packages.
+CODE_ROOT = Path(__file__).resolve().parents[1]
 RAPIDS_PLUGIN_CLASS = "com.nvidia.spark.SQLPlugin"
 JIT_OPTIONS = "-XX:-DontCompileHugeMethods"
 # In local mode the driver's JVM also runs every task. HotSpot's throughput
 # collector made the whole pipeline 7% faster there than its default G1 (same
 # peak memory); cluster executors keep G1, whose pauses stay short on large heaps.
 LOCAL_DRIVER_OPTIONS = f"{JIT_OPTIONS} -XX:+UseParallelGC"
+# The driver's logging configuration (read by log4j2 as the JVM starts) and its levels.
+LOG_CONFIG = Path(__file__).resolve().with_name("log4j2.properties")
+LOG_LEVELS = ("error", "warn", "info", "debug")
 # The driver JVM maps Spark's classes from this archive when it exists
 # (`preproc.class_archive`, written by `make install`); CDS's own messages are off:
 # an archive of another JDK or other jars is ignored, without a warning per run.
@@ -68,6 +72,9 @@ class SparkSettings:
         use_class_archive: in local mode, map Spark's classes from the archive
             `make install` wrote (`class_archive_path`), if there is one. A
             `spark.driver.extraJavaOptions` in `spark_conf` replaces it too.
+        spark_log_level: what the driver's Spark logs to the console (one of
+            `LOG_LEVELS`); errors only by default, so that a run prints our
+            progress and report, not Spark's launch notices.
     """
 
     spark_master: str = "local[*]"
@@ -82,6 +89,7 @@ class SparkSettings:
     gpu_pinned_memory: str = "2g"
     spark_conf: tuple[tuple[str, str], ...] = ()
     use_class_archive: bool = True
+    spark_log_level: str = "error"
 
     @property
     def is_local(self) -> bool:
@@ -101,6 +109,17 @@ def parse_conf_items(
     return tuple(pairs)
 
 
+def worker_pythonpath(code_root: Path = CODE_ROOT) -> str | None:
+    """What Spark's Python workers (the parser, the binary writers) need on
+    PYTHONPATH to import preproc as the driver did: the checkout it runs from
+    (in local mode, or on a cluster that sees the checkout on a shared file
+    system), or None when preproc is installed: the workers' interpreter
+    (PYSPARK_PYTHON) finds it in its own site-packages, and another
+    interpreter's site-packages must not come first on a worker's path."""
+    installed = {Path(p).resolve() for p in (*site.getsitepackages(), site.getusersitepackages())}
+    return None if code_root.resolve() in installed else str(code_root)
+
+
 def spark_conf(settings: SparkSettings) -> dict[str, str]:
     """The Spark configuration for `settings`.
 
@@ -114,6 +133,11 @@ def spark_conf(settings: SparkSettings) -> dict[str, str]:
         value = getattr(settings, flag)
         if value is not None and not _MEMORY.match(value):
             raise PreprocessingError(f"--{flag}: expected a size such as 512m or 4g, got {value!r}")
+    if settings.spark_log_level not in LOG_LEVELS:
+        raise PreprocessingError(
+            f"--spark_log_level: expected one of {', '.join(LOG_LEVELS)}, got "
+            f"{settings.spark_log_level!r}"
+        )
     if settings.shuffle_partitions is not None and settings.shuffle_partitions < 1:
         raise PreprocessingError(
             f"--shuffle_partitions: expected a positive int, got {settings.shuffle_partitions}"
@@ -134,10 +158,10 @@ def spark_conf(settings: SparkSettings) -> dict[str, str]:
         # fewer, larger calls into pyarrow, and the writers' vocabulary lookups
         # build their hash tables once per batch.
         "spark.sql.execution.arrow.maxRecordsPerBatch": str(ARROW_BATCH_ROWS),
-        # Python workers (the parser, the binary writers) import preproc from the project root:
-        # in local mode, or on a cluster that sees the project on a shared file system.
-        "spark.executorEnv.PYTHONPATH": str(PROJECT_ROOT),
     }
+    worker_path = worker_pythonpath()
+    if worker_path is not None:
+        conf["spark.executorEnv.PYTHONPATH"] = worker_path
     if settings.driver_memory is not None:
         conf["spark.driver.memory"] = settings.driver_memory
     if settings.executor_memory is not None:
@@ -208,15 +232,21 @@ def class_archive_path() -> Path:
 
 
 def _driver_options(settings: SparkSettings) -> str:
-    """The driver JVM's options: in local mode the throughput collector and, when
-    there is one, the class archive (not with RAPIDS, whose jar changes the class
-    path the archive was made for)."""
+    """The driver JVM's options: its logging, and in local mode the throughput
+    collector and, when there is one, the class archive (not with RAPIDS, whose
+    jar changes the class path the archive was made for)."""
+    logging = (
+        f"-Dlog4j2.configurationFile={LOG_CONFIG} -Ddlrm.spark.log_level={settings.spark_log_level}"
+    )
     if not settings.is_local:
-        return JIT_OPTIONS
+        return f"{JIT_OPTIONS} {logging}"
     archive = class_archive_path()
     if settings.use_class_archive and not settings.gpu and archive.is_file():
-        return f"{LOCAL_DRIVER_OPTIONS} -XX:SharedArchiveFile={archive} {CLASS_ARCHIVE_OPTIONS}"
-    return LOCAL_DRIVER_OPTIONS
+        return (
+            f"{LOCAL_DRIVER_OPTIONS} -XX:SharedArchiveFile={archive} {CLASS_ARCHIVE_OPTIONS} "
+            f"{logging}"
+        )
+    return f"{LOCAL_DRIVER_OPTIONS} {logging}"
 
 
 def start_spark(settings: SparkSettings, console: Console = print_to_stderr) -> SparkSession:
@@ -235,7 +265,7 @@ def start_spark(settings: SparkSettings, console: Console = print_to_stderr) -> 
         builder = builder.config(key, value)
     start = time.monotonic()
     spark = builder.getOrCreate()
-    spark.sparkContext.setLogLevel("WARN")
+    spark.sparkContext.setLogLevel(settings.spark_log_level.upper())
     console(
         f"[preproc] Spark {spark.version} started in {time.monotonic() - start:.1f} s "
         f"(master {conf['spark.master']}, parallelism {spark.sparkContext.defaultParallelism})"

@@ -3,12 +3,20 @@ Accelerator settings for local and cluster masters, errors naming the flag."""
 
 from __future__ import annotations
 
+import site
 from pathlib import Path
 
 import pytest
 
 from preproc.errors import PreprocessingError
-from preproc.spark import PROJECT_ROOT, RAPIDS_PLUGIN_CLASS, SparkSettings, spark_conf
+from preproc.spark import (
+    CODE_ROOT,
+    LOG_CONFIG,
+    RAPIDS_PLUGIN_CLASS,
+    SparkSettings,
+    spark_conf,
+    worker_pythonpath,
+)
 
 
 @pytest.fixture(autouse=True)
@@ -23,15 +31,20 @@ def no_class_archive(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
 def test_local_defaults() -> None:
     conf = spark_conf(SparkSettings())
     assert conf["spark.master"] == "local[*]"
-    assert conf["spark.executorEnv.PYTHONPATH"] == str(PROJECT_ROOT)
-    assert (PROJECT_ROOT / "preproc" / "partition_writer.py").is_file()
+    # Run from the checkout (editable install): the workers import preproc from it.
+    assert conf["spark.executorEnv.PYTHONPATH"] == str(CODE_ROOT)
+    assert (CODE_ROOT / "preproc" / "partition_writer.py").is_file()
     assert not any(key.startswith("spark.rapids") or key == "spark.plugins" for key in conf)
     assert "spark.driver.memory" not in conf  # Spark's default unless asked
-    # The local driver runs the tasks: throughput collector; executors keep G1.
+    # The local driver runs the tasks: throughput collector; executors keep G1. Its
+    # Spark logs errors only.
     assert conf["spark.driver.extraJavaOptions"].split() == [
         "-XX:-DontCompileHugeMethods",
         "-XX:+UseParallelGC",
+        f"-Dlog4j2.configurationFile={LOG_CONFIG}",
+        "-Ddlrm.spark.log_level=error",
     ]
+    assert LOG_CONFIG.is_file()
     assert conf["spark.executor.extraJavaOptions"] == "-XX:-DontCompileHugeMethods"
 
 
@@ -51,7 +64,8 @@ def test_memory_local_dir_and_overrides() -> None:
     assert conf["spark.local.dir"] == "/scratch/spark"
     assert conf["spark.sql.shuffle.partitions"] == "2000"
     # A cluster's driver runs no tasks: HotSpot's default collector.
-    assert conf["spark.driver.extraJavaOptions"] == "-XX:-DontCompileHugeMethods"
+    assert conf["spark.driver.extraJavaOptions"].split()[0] == "-XX:-DontCompileHugeMethods"
+    assert "-XX:+UseParallelGC" not in conf["spark.driver.extraJavaOptions"]
 
 
 @pytest.mark.parametrize(
@@ -60,6 +74,7 @@ def test_memory_local_dir_and_overrides() -> None:
         (SparkSettings(driver_memory="lots"), "--driver_memory: expected a size such as"),
         (SparkSettings(executor_memory="4 GB"), "--executor_memory: expected a size"),
         (SparkSettings(shuffle_partitions=0), "--shuffle_partitions: expected a positive int"),
+        (SparkSettings(spark_log_level="loud"), "--spark_log_level: expected one of error, warn"),
         (SparkSettings(spark_master=""), "--spark_master: expected a Spark master URL"),
         (SparkSettings(gpu=True), "--gpu: the RAPIDS Accelerator jar is required; expected "),
         (SparkSettings(gpu=True, rapids_jar="/no/such.jar"), "--rapids_jar: expected an existing"),
@@ -135,6 +150,8 @@ def test_local_driver_maps_the_class_archive_when_there_is_one(no_class_archive:
         "-XX:+UseParallelGC",
         f"-XX:SharedArchiveFile={no_class_archive}",
         "-Xlog:cds=off,cds+dynamic=off",
+        f"-Dlog4j2.configurationFile={LOG_CONFIG}",
+        "-Ddlrm.spark.log_level=error",
     ]
     # Not when asked not to, not for a cluster's driver, not with the RAPIDS jar.
     for settings in (
@@ -142,3 +159,22 @@ def test_local_driver_maps_the_class_archive_when_there_is_one(no_class_archive:
         SparkSettings(spark_master="spark://head:7077"),
     ):
         assert "SharedArchiveFile" not in spark_conf(settings)["spark.driver.extraJavaOptions"]
+
+
+def test_the_drivers_spark_logs_at_the_level_asked() -> None:
+    for master in ("local[*]", "spark://head:7077"):
+        options = spark_conf(SparkSettings(spark_master=master, spark_log_level="warn"))
+        assert "-Ddlrm.spark.log_level=warn" in options["spark.driver.extraJavaOptions"].split()
+    # The configuration reads the level from that property, for the root logger and
+    # for the logger whose level pyspark's shell start would otherwise announce.
+    config = LOG_CONFIG.read_text()
+    assert "rootLogger.level = ${sys:dlrm.spark.log_level:-error}" in config
+    assert "logger.shell.level = ${sys:dlrm.spark.log_level:-error}" in config
+
+
+def test_installed_code_puts_nothing_on_the_workers_path() -> None:
+    # Installed into site-packages, preproc is found by the workers' interpreter;
+    # a checkout is put on their path.
+    site_packages = Path(site.getsitepackages()[0])
+    assert worker_pythonpath(site_packages) is None
+    assert worker_pythonpath(Path("/srv/checkout")) == "/srv/checkout"
