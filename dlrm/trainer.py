@@ -39,7 +39,7 @@ still those of the last good step.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 import tensorflow as tf
 
@@ -220,10 +220,15 @@ class Trainer:
                     embeddings.local_lookup(ids, stop - start)
                     for ids, (start, stop) in zip(chunk_ids, spans, strict=True)
                 ]
-            vectors: Any = [
-                embeddings.output_distribution(chunk, stop - start, k)
-                for k, (chunk, (start, stop)) in enumerate(zip(looked_up, spans, strict=True))
-            ]
+            # Typed by cast, not by an annotation: AutoGraph cannot convert a
+            # function whose annotated names are assigned in both branches.
+            vectors = cast(
+                Any,
+                [
+                    embeddings.output_distribution(chunk, stop - start, k)
+                    for k, (chunk, (start, stop)) in enumerate(zip(looked_up, spans, strict=True))
+                ],
+            )
         else:
             with tf.GradientTape() as tape:
                 looked_up = embeddings.local_lookup(routed, local_rows)

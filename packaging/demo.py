@@ -5,22 +5,23 @@
 
 Stages, each printed with its progress and timing:
 
-1. write a Criteo-format click log (`dataloading.criteo_tsv`): tab-separated day
+1. write a Criteo-format click log (`dlrm-synthetic clicklog`): tab-separated day
    files with missing values, negative counts and short rows, labelled by a
    hidden teacher model so that there is something to learn;
-2. preprocess it with Spark in local mode (`preproc.criteo`): the last day is
+2. preprocess it with Spark in local mode (`dlrm-preprocess`): the last day is
    the test split, the others the train split;
 3. train hybrid-parallel under `horovodrun --gloo -np 2` on localhost
-   (`main.py`): embedding tables sharded over the ranks, exact AUC on the test
+   (`dlrm-train`): embedding tables sharded over the ranks, exact AUC on the test
    day, a checkpoint;
 4. export a SavedModel from that checkpoint on one process, and score two test
    rows with it;
 
-then a summary: rows, the sharding plan, samples/s, AUC, and where the outputs
-are. It exits non-zero when a stage fails or the test AUC is not above
-`--min_auc` (0.6): a demo whose model learned nothing is a failure. A previous
-demo run in the same directory is replaced; a directory that this script did not
-write is refused.
+Each command is printed as a user would type it, with the installed commands
+that `make install` puts in the venv. Then a summary: rows, the sharding plan,
+samples/s, AUC, and where the outputs are. It exits non-zero when a stage fails
+or the test AUC is not above `--min_auc` (0.6): a demo whose model learned
+nothing is a failure. A previous demo run in the same directory is replaced; a
+directory that this script did not write is refused.
 """
 
 from __future__ import annotations
@@ -67,13 +68,20 @@ def stage(number: int, title: str) -> float:
     return time.perf_counter()
 
 
+# The installed commands (`make install` puts them beside this interpreter).
+BIN = Path(sys.executable).parent
+
+
 def run(command: list[str], what: str) -> None:
-    """Runs `command` from the repo root, its output streaming to the console."""
-    env = dict(os.environ, PYTHONPATH=str(REPO))
-    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    """Runs `command` (its first word an installed command), its output streaming
+    to the console; the command is shown as a user would type it."""
+    executable = BIN / command[0]
+    if not executable.exists():
+        raise DemoError(f"{executable} is missing: run `make install` first")
+    env = dict(os.environ)
+    env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"
     print("$ " + " ".join(command), flush=True)
-    result = subprocess.run(command, cwd=REPO, env=env, check=False)
+    result = subprocess.run([str(executable), *command[1:]], env=env, check=False)
     if result.returncode != 0:
         raise DemoError(f"{what} failed with exit code {result.returncode} (output above)")
 
@@ -121,7 +129,6 @@ def main(argv: list[str] | None = None) -> int:
     output = args.output_dir.resolve()
     raw, dataset, run_dir = output / "raw", output / "dataset", output / "run"
     saved_model = output / "saved_model"
-    python = sys.executable
     started = time.perf_counter()
     timings = {}
     try:
@@ -130,9 +137,8 @@ def main(argv: list[str] | None = None) -> int:
         start = stage(1, f"click log: {args.days} days x {args.rows_per_day:,} rows")
         run(
             [
-                python,
-                "-m",
-                "dataloading.criteo_tsv",
+                "dlrm-synthetic",
+                "clicklog",
                 f"--output_dir={raw}",
                 f"--days={args.days}",
                 f"--rows_per_day={args.rows_per_day}",
@@ -145,9 +151,7 @@ def main(argv: list[str] | None = None) -> int:
         last = args.days - 1
         run(
             [
-                python,
-                "-m",
-                "preproc.criteo",
+                "dlrm-preprocess",
                 f"--input_dir={raw}",
                 f"--output_dir={dataset}",
                 f"--train_days=0-{last - 1}" if last > 1 else "--train_days=0",
@@ -160,8 +164,7 @@ def main(argv: list[str] | None = None) -> int:
 
         start = stage(3, f"hybrid-parallel training on {args.ranks} ranks (horovodrun --gloo)")
         command = [
-            python,
-            "main.py",
+            "dlrm-train",
             f"--dataset_path={dataset}",
             f"--save_checkpoint_path={run_dir}",
             f"--batch_size={args.batch_size}",
@@ -169,16 +172,14 @@ def main(argv: list[str] | None = None) -> int:
         ]
         if args.ranks > 1:
             hosts = f"localhost:{args.ranks}"
-            horovodrun = str(Path(python).parent / "horovodrun")
-            command = [horovodrun, "--gloo", "-np", str(args.ranks), "-H", hosts, *command]
+            command = ["horovodrun", "--gloo", "-np", str(args.ranks), "-H", hosts, *command]
         run(command, "training")
         timings["training"] = time.perf_counter() - start
 
         start = stage(4, "export a SavedModel from the checkpoint (one process)")
         run(
             [
-                python,
-                "main.py",
+                "dlrm-train",
                 "--mode=export",
                 f"--restore_checkpoint_path={run_dir}",
                 f"--saved_model_output_path={saved_model}",
@@ -207,7 +208,6 @@ def score_with_saved_model(saved_model: Path, dataset: Path) -> list[float]:
     program = f"""
 import json, sys
 import numpy as np, tensorflow as tf
-sys.path.insert(0, {str(REPO)!r})
 from feature_spec import FeatureSpec, TEST_MAPPING
 from dataloading.split_binary import ShardSpec, SplitBinaryDataset
 spec = FeatureSpec.load({str(dataset)!r})

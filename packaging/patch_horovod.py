@@ -1,7 +1,8 @@
 """Patches a Horovod 0.28.1 source tree so that it builds against TensorFlow 2.21.
 
-Why, one fix per file (both are needed by the GPU build, HOROVOD_GPU_OPERATIONS=NCCL;
-the CPU build only needs the first):
+Why, one fix per file (the first two are needed by the GPU build,
+HOROVOD_GPU_OPERATIONS=NCCL; the CPU build needs the first; the third is for every
+build's launcher):
 
 1. `horovod/tensorflow/xla_mpi_ops.cc` includes TensorFlow's XLA headers under
    `tensorflow/compiler/xla/...` (e.g. `client/xla_builder.h`) whenever
@@ -15,6 +16,12 @@ the CPU build only needs the first):
    fail at load. The patch replaces each call with what TensorFlow's public header
    offers, `Stream::platform_specific_handle().stream` (a void*, cast to the CUDA/ROCm
    stream type), and drops the forward declaration.
+3. `horovod/common/util.py`: `horovodrun` checks which of its extensions were built
+   with Gloo or MPI by importing them in a forked child whose output it means to mute
+   ("Mutes all stdout/stderr"), but it replaces only Python's `sys.stdout` and
+   `sys.stderr`, so TensorFlow's C++ start-up lines, written to file descriptor 2,
+   still reach the user's terminal at every launch. The patch points descriptors 1
+   and 2 of that child at the same null device.
 
 Every patch checks that the code it expects is there and fails loudly otherwise, so a
 different Horovod version is not silently mis-patched. It is idempotent: running it on
@@ -44,6 +51,17 @@ STREAM_DECLARATION = (
     "} // namespace gpu\n"
 )
 STREAM_MARKER = "// patched: GPU stream handles via Stream::platform_specific_handle()\n"
+
+MUTE_FILE = Path("horovod", "common", "util.py")
+MUTE_ORIGINAL = (
+    "            sys.stdout = open(os.devnull, 'w')\n"
+    "            sys.stderr = open(os.devnull, 'w')\n"
+)
+MUTE_PATCHED = MUTE_ORIGINAL + (
+    "            # patched: native libraries (TensorFlow's C++ logs) write to the descriptors\n"
+    "            os.dup2(sys.stdout.fileno(), 1)\n"
+    "            os.dup2(sys.stderr.fileno(), 2)\n"
+)
 # An argument usable as the left operand of `->` without parentheses.
 _POSTFIX_EXPRESSION = re.compile(r"[A-Za-z_][\w:]*(?:(?:->|\.)[A-Za-z_]\w*(?:\(\))?)*")
 
@@ -67,6 +85,15 @@ def patch_xla(text: str, path: Path) -> tuple[str, str]:
             f"{text.count(XLA_ORIGINAL)}",
         )
     return text.replace(XLA_ORIGINAL, XLA_PATCHED), "patched (XLA section disabled)"
+
+
+def patch_mute(text: str, path: Path) -> tuple[str, str]:
+    """common/util.py: the extension check's child mutes descriptors 1 and 2 too."""
+    if MUTE_PATCHED in text:
+        return text, "already patched"
+    if text.count(MUTE_ORIGINAL) != 1:
+        raise _fail(path, "expected exactly one place that mutes the extension check's output")
+    return text.replace(MUTE_ORIGINAL, MUTE_PATCHED), "patched (extension check muted)"
 
 
 def _call_end(text: str, start: int, path: Path) -> int:
@@ -117,7 +144,11 @@ def patch(source_dir: Path) -> str:
     All files are checked before any is written, so a failure leaves the tree untouched.
     """
     results = []
-    for relative, patch_text in [(XLA_FILE, patch_xla), (STREAM_FILE, patch_stream)]:
+    for relative, patch_text in [
+        (XLA_FILE, patch_xla),
+        (STREAM_FILE, patch_stream),
+        (MUTE_FILE, patch_mute),
+    ]:
         path = source_dir / relative
         if not path.is_file():
             raise _fail(path, "file not found")

@@ -6,6 +6,7 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
@@ -28,18 +29,24 @@ def horovodrun() -> str:
     return found
 
 
-def process_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+def process_env(extra: Mapping[str, str | None] | None = None) -> dict[str, str]:
     """The environment of a child process: ours with the venv first on PATH, the repo
-    on PYTHONPATH, TensorFlow's C++ logs quiet, and `extra` added."""
-    env = {**os.environ, **(extra or {})}
+    on PYTHONPATH, TensorFlow's C++ logs quiet, and `extra` applied last (a None
+    value removes the variable)."""
+    env = dict(os.environ)
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
     env["PYTHONPATH"] = str(REPO)
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    for name, value in (extra or {}).items():
+        if value is None:
+            env.pop(name, None)
+        else:
+            env[name] = value
     return env
 
 
 def run(
-    args: list[str], timeout: float, env: dict[str, str] | None = None
+    args: list[str], timeout: float, env: Mapping[str, str | None] | None = None
 ) -> subprocess.CompletedProcess[str]:
     """Runs a command from the repo root in `process_env(env)`; output captured."""
     return subprocess.run(

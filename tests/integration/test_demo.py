@@ -1,6 +1,8 @@
 """`make demo`'s driver end to end on a small click log: every stage runs for real
-(click log, Spark local mode, horovodrun -np 2, export) and the outputs exist.
-CI also runs the full-size `make demo` (`.ci/run`)."""
+(click log, Spark local mode, horovodrun -np 2, export), the outputs exist, and
+what it prints at default verbosity holds none of the known noise (TensorFlow's,
+Spark's, Horovod's start-up lines). CI also runs the full-size `make demo`
+(`.ci/run`)."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ from pathlib import Path
 import tensorflow as tf
 
 from tests.integration.conftest import run
+from tests.integration.quiet import noise_in
 
 
 def test_demo_runs_every_stage_and_learns(tmp_path: Path) -> None:
@@ -26,8 +29,10 @@ def test_demo_runs_every_stage_and_learns(tmp_path: Path) -> None:
             "--batch_size=1024",
         ],
         timeout=900,
+        env={"TF_CPP_MIN_LOG_LEVEL": None},  # as a user runs it: the product's own default
     )
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    assert noise_in(result.stdout + result.stderr) == []
     for number in range(1, 5):
         assert f"=== [{number}/4]" in result.stdout
     records = [json.loads(x) for x in (output / "run" / "metrics.jsonl").read_text().splitlines()]

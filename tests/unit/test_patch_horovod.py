@@ -1,5 +1,5 @@
-"""packaging/patch_horovod.py on small synthetic copies of the two Horovod 0.28.1 sources
-it patches (the lines it looks for, copied from the sdist): both fixes applied, a second
+"""packaging/patch_horovod.py on small synthetic copies of the three Horovod 0.28.1 sources
+it patches (the lines it looks for, copied from the sdist): every fix applied, a second
 run a no-op, and a loud failure, with nothing written, when an expected pattern is
 missing (another Horovod version)."""
 
@@ -58,14 +58,31 @@ void Wait() {
 }
 """.replace("ZERO_CALL", "stream_executor::gpu::AsGpuStreamValue(device_context->stream())")
 
+UTIL_SOURCE = """\
+    def _target_fn(ext_base_name, fn, fn_desc, queue, verbose):
+        if verbose:
+            print('Checking whether extension {ext_base_name} was {fn_desc}.'.format(
+                ext_base_name=ext_base_name, fn_desc=fn_desc))
+        else:
+            # Suppress output
+            sys.stdout = open(os.devnull, 'w')
+            sys.stderr = open(os.devnull, 'w')
+
+        try:
+"""
+
 HANDLE = "static_cast<GpuStreamHandle>(device_context->stream()->platform_specific_handle().stream)"
 
 
-def make_tree(root: Path, xla: str = XLA_SOURCE, mpi_ops: str = MPI_OPS_SOURCE) -> Path:
+def make_tree(
+    root: Path, xla: str = XLA_SOURCE, mpi_ops: str = MPI_OPS_SOURCE, util: str = UTIL_SOURCE
+) -> Path:
     directory = root / "horovod" / "tensorflow"
     directory.mkdir(parents=True)
     (directory / "xla_mpi_ops.cc").write_text(xla)
     (directory / "mpi_ops.cc").write_text(mpi_ops)
+    (root / "horovod" / "common").mkdir()
+    (root / "horovod" / "common" / "util.py").write_text(util)
     return root
 
 
@@ -95,6 +112,22 @@ def test_replaces_every_as_gpu_stream_value_call(tmp_path: Path) -> None:
     assert '#include "tensorflow/compiler/xla/stream_executor/stream.h"' in mpi_ops
 
 
+def test_mutes_the_descriptors_of_the_extension_check(tmp_path: Path) -> None:
+    patch_horovod.patch(make_tree(tmp_path))
+    util = (tmp_path / patch_horovod.MUTE_FILE).read_text()
+    lines = util.splitlines()
+    muted = lines.index("            sys.stderr = open(os.devnull, 'w')")
+    assert lines[muted + 2 : muted + 4] == [
+        "            os.dup2(sys.stdout.fileno(), 1)",
+        "            os.dup2(sys.stderr.fileno(), 2)",
+    ]
+    assert util.replace(patch_horovod.MUTE_PATCHED, patch_horovod.MUTE_ORIGINAL) == UTIL_SOURCE
+    # The patched lines are valid Python at that indentation.
+    compile(
+        "def f():\n    if 1:\n        pass\n    else:\n" + patch_horovod.MUTE_PATCHED, "u", "exec"
+    )
+
+
 def test_wraps_a_non_postfix_argument_in_parentheses(tmp_path: Path) -> None:
     source = MPI_OPS_SOURCE + "auto s = stream_executor::gpu::AsGpuStreamValue(a ? b : c);\n"
     patch_horovod.patch(make_tree(tmp_path, mpi_ops=source))
@@ -114,6 +147,7 @@ def test_second_run_changes_nothing(tmp_path: Path) -> None:
     assert second.splitlines() == [
         f"{tree / patch_horovod.XLA_FILE}: already patched",
         f"{tree / patch_horovod.STREAM_FILE}: already patched",
+        f"{tree / patch_horovod.MUTE_FILE}: already patched",
     ]
 
 
@@ -124,6 +158,7 @@ def test_command_line_prints_what_it_patched(tmp_path: Path) -> None:
     )
     assert "xla_mpi_ops.cc: patched (XLA section disabled)" in run.stdout
     assert "mpi_ops.cc: patched (3 AsGpuStreamValue calls" in run.stdout
+    assert "util.py: patched (extension check muted)" in run.stdout
 
 
 @pytest.mark.parametrize(
@@ -184,3 +219,12 @@ def test_command_line_exits_non_zero_on_failure(tmp_path: Path) -> None:
     run = subprocess.run([sys.executable, str(SCRIPT), str(tree)], capture_output=True, text=True)
     assert run.returncode != 0
     assert "Refusing to patch" in run.stderr
+
+
+def test_fails_loudly_when_the_extension_check_changed(tmp_path: Path) -> None:
+    util = UTIL_SOURCE.replace("sys.stderr = open(os.devnull, 'w')", "sys.stderr = None")
+    tree = make_tree(tmp_path, util=util)
+    with pytest.raises(SystemExit, match="mutes the extension check's output"):
+        patch_horovod.patch(tree)
+    assert read(tree) == (XLA_SOURCE, MPI_OPS_SOURCE)  # nothing written
+    assert (tree / patch_horovod.MUTE_FILE).read_text() == util
