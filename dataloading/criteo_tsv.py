@@ -185,7 +185,17 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m dataloading.c
     parser.add_argument("--malformed_rows_per_day", type=int, default=0)
     parser.add_argument("--overwrite", action="store_true")
     args = parser.parse_args(argv)
-    report = generate_criteo_tsv(
+    try:
+        report = _generate(args)
+    except FileExistsError as error:  # an earlier log there: one line, not a traceback
+        parser.error(str(error))
+    total = sum(report.rows_per_file)
+    print(f"wrote {len(report.files)} day files, {total:,} rows, malformed {report.malformed}")
+    return 0
+
+
+def _generate(args: argparse.Namespace) -> CriteoLogReport:
+    return generate_criteo_tsv(
         args.output_dir,
         days=args.days,
         rows_per_day=args.rows_per_day,
@@ -198,9 +208,6 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m dataloading.c
         overwrite=args.overwrite,
         progress=lambda line: print(line, file=sys.stderr),
     )
-    total = sum(report.rows_per_file)
-    print(f"wrote {len(report.files)} day files, {total:,} rows, malformed {report.malformed}")
-    return 0
 
 
 if __name__ == "__main__":

@@ -288,7 +288,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m dataloading.s
             id_dtype=args.id_dtype,
             max_variable_hotness=args.max_variable_hotness,
         )
-    except FeatureSpecError as error:
+    except (FeatureSpecError, FileExistsError) as error:  # one line, not a traceback
         parser.error(str(error))
     print(f"wrote {args.output_dir}/feature_spec.yaml ({len(spec.categorical_features)} tables)")
     return 0

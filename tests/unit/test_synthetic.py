@@ -340,3 +340,28 @@ def test_cli_variable_hotness(tmp_path: Path, capsys: pytest.CaptureFixture[str]
         assert exit_info.value.code == 2
         assert message in capsys.readouterr().err
     assert not (tmp_path / "bad").exists()
+
+
+@pytest.mark.parametrize("command", ["dataset", "clicklog"])
+def test_dlrm_synthetic_refuses_a_non_empty_directory_in_one_line(
+    tmp_path: Path, command: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from dataloading import commands
+
+    (tmp_path / "keep.txt").write_text("user data")
+    with pytest.raises(SystemExit) as exit_info:
+        commands.main([command, f"--output_dir={tmp_path}"])
+    assert exit_info.value.code == 2
+    error = capsys.readouterr().err
+    assert f"dlrm-synthetic {command}: error: {tmp_path}: output directory exists" in error
+    assert "--overwrite" in error and "Traceback" not in error
+    assert (tmp_path / "keep.txt").read_text() == "user data"
+
+
+def test_dlrm_synthetic_names_its_commands(capsys: pytest.CaptureFixture[str]) -> None:
+    from dataloading import commands
+
+    assert commands.main(["--help"]) == 0
+    assert "dataset" in capsys.readouterr().out
+    assert commands.main(["clicks"]) == 2
+    assert "unknown command 'clicks'; expected one of dataset, clicklog" in capsys.readouterr().err
