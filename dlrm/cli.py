@@ -159,8 +159,8 @@ flags.DEFINE_bool("xla", False, "Compile the dense part (MLPs, interaction) with
 flags.DEFINE_bool(
     "use_kernels",
     True,
-    "On CPUs, run the project's own kernels (built by make install): the dot interaction "
-    "(not under --xla), one-hot lookups, the finite check, SGD's updates. "
+    "On CPUs, run the project's own kernels (built by make install, else on first use): "
+    "the dot interaction (not under --xla), one-hot lookups, the finite check, SGD's updates. "
     "--nouse_kernels: TensorFlow's ops only.",
 )
 flags.DEFINE_integer(

@@ -1,6 +1,8 @@
 """The embedding sharding planner: table sizes in, a `ShardingPlan` out.
 
-Pure computation (standard library only): `plan_sharding(tables, config)` decides
+Pure computation (the standard library, the shard types and `feature_spec.staged`;
+importing it loads numpy and yaml, never TensorFlow or Horovod):
+`plan_sharding(tables, config)` decides
 for every table a kind and its shards, and returns a frozen, JSON-serialisable
 `ShardingPlan` that the hybrid-parallel embedding layer, the input pipeline and
 the checkpoints read. Kinds:

@@ -1,8 +1,7 @@
 """The one description of a piece of an embedding table, from the plan to the
 layer to the checkpoint manifest.
 
-Pure Python (standard library only), like the planner: importing it loads no
-TensorFlow.
+Pure Python (standard library only): importing it loads no TensorFlow.
 """
 
 from __future__ import annotations

@@ -184,3 +184,25 @@ def test_ranks_on_a_host_get_slices_of_its_cpus() -> None:
     assert cpu_slice([9, 3, 5, 7], 2, 1) == (7, 9)
     assert format_cpus((0, 1, 2, 3, 8, 10, 11)) == "0-3,8,10-11"
     assert format_cpus((5,)) == "5"
+
+
+def test_packaged_flagfiles_are_found_by_name_from_any_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from dlrm import cli
+
+    monkeypatch.chdir(tmp_path)
+    packaged = str(cli.PACKAGED_FLAGFILES / "mlperf_dcnv2_small.flags")
+    by_name = ["--flagfile=mlperf_dcnv2_small.flags", "--batch_size=8"]
+    by_path = ["--flagfile", "dlrm/flagfiles/mlperf_dcnv2_small.flags"]
+    assert cli.resolve_flagfiles(["dlrm-train", *by_name, *by_path]) == [
+        "dlrm-train",
+        f"--flagfile={packaged}",
+        "--batch_size=8",
+        "--flagfile",
+        packaged,
+    ]
+    # A file of that name where the user is wins; an unknown name is left to absl's error.
+    (tmp_path / "mlperf_dcnv2_small.flags").write_text("--batch_size=4\n")
+    mine = ["dlrm-train", "--flagfile=mlperf_dcnv2_small.flags", "--flagfile=nothing.flags"]
+    assert cli.resolve_flagfiles(mine) == mine
