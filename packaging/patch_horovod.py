@@ -1,8 +1,8 @@
 """Patches a Horovod 0.28.1 source tree so that it builds against TensorFlow 2.21.
 
 Why, one fix per file (the first two are needed by the GPU build,
-HOROVOD_GPU_OPERATIONS=NCCL; the CPU build needs the first; the third is for every
-build's launcher):
+HOROVOD_GPU_OPERATIONS=NCCL; the CPU build needs the first; the last two are for
+every build's launcher, `horovodrun`):
 
 1. `horovod/tensorflow/xla_mpi_ops.cc` includes TensorFlow's XLA headers under
    `tensorflow/compiler/xla/...` (e.g. `client/xla_builder.h`) whenever
@@ -22,6 +22,11 @@ build's launcher):
    `sys.stderr`, so TensorFlow's C++ start-up lines, written to file descriptor 2,
    still reach the user's terminal at every launch. The patch points descriptors 1
    and 2 of that child at the same null device.
+4. `horovod/runner/launch.py`: when a rank exits non-zero, `horovodrun` raises a
+   RuntimeError that says so and lets Python print it with a 20-line traceback of
+   Horovod's own launcher, after the rank's own error message. The patch prints
+   that RuntimeError's message as one line and exits 1, as before; other errors,
+   and any run with `--log-level`, keep their traceback.
 
 Every patch checks that the code it expects is there and fails loudly otherwise, so a
 different Horovod version is not silently mis-patched. It is idempotent: running it on
@@ -87,6 +92,38 @@ def patch_xla(text: str, path: Path) -> tuple[str, str]:
     return text.replace(XLA_ORIGINAL, XLA_PATCHED), "patched (XLA section disabled)"
 
 
+LAUNCH_FILE = Path("horovod", "runner", "launch.py")
+LAUNCH_ORIGINAL = """    if args.log_level:
+        logging.addLevelName(logging.NOTSET, 'TRACE')
+        logging.basicConfig(level=logging.getLevelName(args.log_level))
+
+    _run(args)
+"""
+LAUNCH_PATCHED = """    if args.log_level:
+        logging.addLevelName(logging.NOTSET, 'TRACE')
+        logging.basicConfig(level=logging.getLevelName(args.log_level))
+
+    # patched: a failed rank is reported in one line; the rank's output says why
+    try:
+        _run(args)
+    except RuntimeError as error:
+        failed_rank = str(error).startswith(('Horovod detected that one or more processes',
+                                             'mpirun failed'))
+        if args.log_level or not failed_rank:
+            raise
+        sys.exit('horovodrun: ' + ' '.join(str(error).split()))
+"""
+
+
+def patch_launch(text: str, path: Path) -> tuple[str, str]:
+    """runner/launch.py: a rank's non-zero exit ends horovodrun without a traceback."""
+    if LAUNCH_PATCHED in text:
+        return text, "already patched"
+    if text.count(LAUNCH_ORIGINAL) != 1:
+        raise _fail(path, "expected exactly one call of _run(args) in run_commandline")
+    return text.replace(LAUNCH_ORIGINAL, LAUNCH_PATCHED), "patched (failed ranks in one line)"
+
+
 def patch_mute(text: str, path: Path) -> tuple[str, str]:
     """common/util.py: the extension check's child mutes descriptors 1 and 2 too."""
     if MUTE_PATCHED in text:
@@ -148,6 +185,7 @@ def patch(source_dir: Path) -> str:
         (XLA_FILE, patch_xla),
         (STREAM_FILE, patch_stream),
         (MUTE_FILE, patch_mute),
+        (LAUNCH_FILE, patch_launch),
     ]:
         path = source_dir / relative
         if not path.is_file():

@@ -5,7 +5,8 @@ alone and under `horovodrun`, with TensorFlow's logging left at the product's
 own default (no TF_CPP_MIN_LOG_LEVEL in the environment): none of the known
 noise (tests/integration/quiet.py). `--verbosity 0` brings TensorFlow's lines
 back, and still no AutoGraph warning: the step functions convert. A message
-that every rank has alike is printed once per job."""
+that every rank has alike is printed once per job, and horovodrun adds one line,
+not a traceback."""
 
 from __future__ import annotations
 
@@ -108,3 +109,6 @@ def test_ranks_train_quietly_and_report_a_shared_error_once(
     output = failed.stdout + failed.stderr
     assert failed.returncode != 0
     assert output.count("the global batch must divide by the number of ranks (3)") == 1, output
+    # horovodrun reports the failed rank in one line, without its own traceback.
+    assert "Traceback" not in output, output
+    assert "horovodrun: Horovod detected that one or more processes exited" in output

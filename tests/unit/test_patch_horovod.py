@@ -1,4 +1,4 @@
-"""packaging/patch_horovod.py on small synthetic copies of the three Horovod 0.28.1 sources
+"""packaging/patch_horovod.py on small synthetic copies of the four Horovod 0.28.1 sources
 it patches (the lines it looks for, copied from the sdist): every fix applied, a second
 run a no-op, and a loud failure, with nothing written, when an expected pattern is
 missing (another Horovod version)."""
@@ -71,11 +71,30 @@ UTIL_SOURCE = """\
         try:
 """
 
+LAUNCH_SOURCE = """\
+def run_commandline():
+    args = parse_args()
+
+    if args.log_level:
+        logging.addLevelName(logging.NOTSET, 'TRACE')
+        logging.basicConfig(level=logging.getLevelName(args.log_level))
+
+    _run(args)
+
+
+if __name__ == '__main__':
+    run_commandline()
+"""
+
 HANDLE = "static_cast<GpuStreamHandle>(device_context->stream()->platform_specific_handle().stream)"
 
 
 def make_tree(
-    root: Path, xla: str = XLA_SOURCE, mpi_ops: str = MPI_OPS_SOURCE, util: str = UTIL_SOURCE
+    root: Path,
+    xla: str = XLA_SOURCE,
+    mpi_ops: str = MPI_OPS_SOURCE,
+    util: str = UTIL_SOURCE,
+    launch: str = LAUNCH_SOURCE,
 ) -> Path:
     directory = root / "horovod" / "tensorflow"
     directory.mkdir(parents=True)
@@ -83,6 +102,8 @@ def make_tree(
     (directory / "mpi_ops.cc").write_text(mpi_ops)
     (root / "horovod" / "common").mkdir()
     (root / "horovod" / "common" / "util.py").write_text(util)
+    (root / "horovod" / "runner").mkdir()
+    (root / "horovod" / "runner" / "launch.py").write_text(launch)
     return root
 
 
@@ -148,6 +169,7 @@ def test_second_run_changes_nothing(tmp_path: Path) -> None:
         f"{tree / patch_horovod.XLA_FILE}: already patched",
         f"{tree / patch_horovod.STREAM_FILE}: already patched",
         f"{tree / patch_horovod.MUTE_FILE}: already patched",
+        f"{tree / patch_horovod.LAUNCH_FILE}: already patched",
     ]
 
 
@@ -159,6 +181,7 @@ def test_command_line_prints_what_it_patched(tmp_path: Path) -> None:
     assert "xla_mpi_ops.cc: patched (XLA section disabled)" in run.stdout
     assert "mpi_ops.cc: patched (3 AsGpuStreamValue calls" in run.stdout
     assert "util.py: patched (extension check muted)" in run.stdout
+    assert "launch.py: patched (failed ranks in one line)" in run.stdout
 
 
 @pytest.mark.parametrize(
@@ -228,3 +251,45 @@ def test_fails_loudly_when_the_extension_check_changed(tmp_path: Path) -> None:
         patch_horovod.patch(tree)
     assert read(tree) == (XLA_SOURCE, MPI_OPS_SOURCE)  # nothing written
     assert (tree / patch_horovod.MUTE_FILE).read_text() == util
+
+
+def _run_patched_launcher(tmp_path: Path, error: str, log_level: str | None) -> tuple[int, str]:
+    """Runs the patched run_commandline with a _run that raises RuntimeError(error)."""
+    tree = make_tree(tmp_path)
+    patch_horovod.patch(tree)
+    launcher = (tree / patch_horovod.LAUNCH_FILE).read_text()
+    program = (
+        "import logging, sys, types\n"
+        f"def parse_args(): return types.SimpleNamespace(log_level={log_level!r})\n"
+        f"def _run(args): raise RuntimeError({error!r})\n" + launcher
+    )
+    run = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True)
+    return run.returncode, run.stderr
+
+
+def test_a_failed_rank_ends_horovodrun_in_one_line(tmp_path: Path) -> None:
+    failed = (
+        "Horovod detected that one or more processes exited with non-zero status, thus "
+        "causing the job to be terminated. The first process to do so was:\n"
+        "Process name: 1\nExit code: 2\n"
+    )
+    code, stderr = _run_patched_launcher(tmp_path / "a", failed, None)
+    assert code == 1
+    assert stderr.splitlines() == [
+        "horovodrun: Horovod detected that one or more processes exited with non-zero status, "
+        "thus causing the job to be terminated. The first process to do so was: Process name: "
+        "1 Exit code: 2"
+    ]
+    # Asked for logs, or another error: the traceback stays.
+    code, stderr = _run_patched_launcher(tmp_path / "b", failed, "DEBUG")
+    assert code == 1 and "Traceback" in stderr
+    code, stderr = _run_patched_launcher(tmp_path / "c", "could not reach host", None)
+    assert code == 1 and "Traceback" in stderr and "could not reach host" in stderr
+
+
+def test_fails_loudly_when_the_launcher_changed(tmp_path: Path) -> None:
+    launch = LAUNCH_SOURCE.replace("    _run(args)\n", "    return _run(args)\n")
+    tree = make_tree(tmp_path, launch=launch)
+    with pytest.raises(SystemExit, match="expected exactly one call of _run"):
+        patch_horovod.patch(tree)
+    assert (tree / patch_horovod.LAUNCH_FILE).read_text() == launch
