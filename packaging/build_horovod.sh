@@ -30,6 +30,18 @@ if command -v nvcc >/dev/null 2>&1 && command -v nvidia-smi >/dev/null 2>&1 \
     export HOROVOD_GPU_OPERATIONS=NCCL   # GPU path: not exercised on the CPU-only CI
 fi
 
+# A wheel built beforehand for this Python, TensorFlow and these options
+# (packaging/wheelhouse.sh; the image builds of docs/docker.md, which reach no index):
+# installed as it is instead of building from source; install.sh checks what it holds.
+if [ -n "${HOROVOD_WHEEL:-}" ]; then
+    [ -f "$HOROVOD_WHEEL" ] || {
+        echo "[install] HOROVOD_WHEEL=$HOROVOD_WHEEL: no such file" >&2; exit 1; }
+    echo "[install] installing the prebuilt Horovod wheel $HOROVOD_WHEEL"
+    "$py" -m pip install --quiet --no-deps --force-reinstall "$HOROVOD_WHEEL"
+    echo "$HOROVOD_WHEEL" > "$venv/horovod-wheel.txt"
+    exit 0
+fi
+
 tf_version="$("$py" -c 'import tensorflow as tf; print(tf.__version__)' 2>/dev/null)"
 key="$( {
     echo "horovod=$HOROVOD_VERSION tf=$tf_version"

@@ -3,13 +3,17 @@
 # Docker image: system packages, the virtual environment with pinned Python
 # packages, Horovod built from source with TensorFlow + Gloo (+ MPI, NCCL when
 # present), and the project itself as an editable install (its commands, such as
-# dlrm-train, on the venv's PATH; the code stays this checkout). Idempotent: when nothing it depends on changed since the last
-# successful run, it only checks and returns (a stamp file in the venv).
+# dlrm-train, on the venv's PATH; the code stays this checkout). Idempotent: when
+# nothing it depends on changed since the last successful run, it only checks and
+# returns (a stamp file in the venv).
 #
 # Environment: VENV (default .venv), PYTHON (default python3), WITH_DEV=0 to skip
-# test/lint tools, HOROVOD_WHEEL_CACHE (default .cache/horovod), TENSORFLOW_VARIANT
-# (auto: the CUDA build when nvidia-smi sees a GPU, else the CPU build; cpu; gpu),
-# WITH_MPI=0 to leave out OpenMPI (Horovod is then built with Gloo only).
+# test/lint tools, HOROVOD_WHEEL_CACHE (default .cache/horovod), HOROVOD_WHEEL (a
+# prebuilt Horovod wheel to install instead of building one, as image builds without
+# a package index do), TENSORFLOW_VARIANT (auto: the CUDA build when nvidia-smi sees
+# a GPU, else the CPU build; cpu; gpu), WITH_MPI=0 to leave out OpenMPI (Horovod is
+# then built with Gloo only). pip's own PIP_NO_INDEX / PIP_FIND_LINKS point it at a
+# wheelhouse (packaging/wheelhouse.sh).
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -39,7 +43,7 @@ fingerprint() {
             "$root"/packaging/*.py "$root/pyproject.toml"
         "$python" --version 2>&1
         gpu_present && echo gpu
-        echo "with_mpi=${WITH_MPI:-1}"
+        echo "with_mpi=${WITH_MPI:-1} horovod_wheel=${HOROVOD_WHEEL:-}"
         command -v mpicxx || true
     } | sha256sum | cut -c1-16
 }
@@ -53,7 +57,10 @@ check_horovod() {
     # With an MPI compiler present the build must include MPI (a Gloo-only wheel from
     # before OpenMPI was installed is rebuilt).
     [ "${WITH_MPI:-1}" != 1 ] || ! command -v mpicxx >/dev/null 2>&1 \
-        || grep -q '\[X\] MPI' <<<"$build_info"
+        || grep -q '\[X\] MPI' <<<"$build_info" || return 1
+    # A GPU build must hold NCCL: a CPU wheel (a prebuilt HOROVOD_WHEEL from a CPU
+    # machine, say) is refused there.
+    [ "${HOROVOD_GPU_OPERATIONS:-}" != NCCL ] || grep -q '\[X\] NCCL' <<<"$build_info"
 }
 
 # Quick re-check for the up-to-date path: Horovod's TensorFlow ops load, with Gloo.
@@ -156,7 +163,7 @@ log "pip install ${requirements[*]##*/}"
 "$root/packaging/build_horovod.sh" "$venv"
 if ! check_horovod; then
     echo "[install] horovodrun --check-build does not list TensorFlow and Gloo" \
-         "(and MPI, with mpicxx installed):" >&2
+         "(and MPI, with mpicxx installed; NCCL, with HOROVOD_GPU_OPERATIONS=NCCL):" >&2
     echo "${build_info:-<no output>}" >&2
     exit 1
 fi
