@@ -43,11 +43,13 @@ fi
     echo "[wheelhouse] the Horovod wheel $HOROVOD_WHEEL is gone: rerun \`make install\`" >&2
     exit 1; }
 
-requirements=(-r "$root/requirements.txt")
-[ "${WITH_DEV:-1}" = 1 ] && requirements+=(-r "$root/requirements-dev.txt")
+files=(requirements.txt)
+[ "${WITH_DEV:-1}" = 1 ] && files+=(requirements-dev.txt)
+requirements=()
+for file in "${files[@]}"; do requirements+=(-r "$root/$file"); done
 # The versions install.sh put in the venv, so that the same step in a build finds them.
 mapfile -t bootstrap < <("${pip[@]}" freeze --all | grep -iE '^(pip|setuptools|wheel)==')
-log "pinned packages (${requirements[*]##*/}, constraints.txt) -> $out"
+log "pinned packages (${files[*]}, constraints.txt) -> $out"
 # `pip wheel`, not `pip download`: pyspark is published as an sdist only.
 "${pip[@]}" wheel --quiet --find-links "$out" -w "$out" \
     "${requirements[@]}" "${bootstrap[@]}" -c "$root/constraints.txt"
