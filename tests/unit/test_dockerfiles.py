@@ -1,7 +1,9 @@
-"""The Dockerfiles, read as text (no Docker engine here or in CI; hadolint lints them in
-`make lint`): base images pinned by tag, the training image installed by the tested
-packaging/install.sh, the Spark image by the project's pins, the build context free of
-the host's virtual environment."""
+"""The Dockerfiles, read as text (hadolint lints them in `make lint`; the integration
+test tests/integration/test_container_images.py builds and runs the CPU training and
+Spark images): base images pinned by tag, the training image installed by the tested
+packaging/install.sh, the Spark image by the project's pins, the wheelhouse mounted
+for every install and never copied into an image, the code copied after the install,
+the build context free of the host's virtual environment."""
 
 from __future__ import annotations
 
@@ -60,6 +62,10 @@ def run_lines(path: Path) -> list[str]:
     return [i.arguments for i in instructions(path) if i.keyword == "RUN"]
 
 
+def run_lines_of(stage: list[Instruction]) -> list[str]:
+    return [i.arguments for i in stage if i.keyword == "RUN"]
+
+
 @pytest.mark.parametrize("path", DOCKERFILES, ids=lambda p: p.name)
 def test_base_images_are_pinned_by_tag(path: Path) -> None:
     defaults = global_arg_defaults(path)
@@ -80,31 +86,54 @@ def test_base_images_are_pinned_by_tag(path: Path) -> None:
             stages.add(words[2])
 
 
-def test_training_image_variants_are_stages() -> None:
-    """`--build-arg VARIANT=cpu|gpu` picks a stage that tells install.sh the variant."""
-    stages: dict[str, list[Instruction]] = {}
+def stages(path: Path) -> dict[str, list[Instruction]]:
+    """Each stage's instructions, from its FROM on, by its name ("" for the unnamed
+    last stage, the image)."""
+    result: dict[str, list[Instruction]] = {}
     current: list[Instruction] = []
-    for instruction in instructions(ROOT / "Dockerfile"):
+    for instruction in instructions(path):
         if instruction.keyword == "FROM":
             words = instruction.arguments.split()
-            current = stages.setdefault(words[-1] if len(words) == 3 else "", [])
+            current = result.setdefault(words[-1] if len(words) == 3 else "", [])
         current.append(instruction)
-    assert "FROM base-${VARIANT}" in [f"FROM {i.arguments}" for i in stages[""]]
+    return result
+
+
+def test_training_image_variants_are_stages() -> None:
+    """`--build-arg VARIANT=cpu|gpu` picks a stage that tells install.sh the variant."""
+    by_name = stages(ROOT / "Dockerfile")
+    assert "FROM base-${VARIANT}" in [f"FROM {i.arguments}" for i in by_name[""]]
     for variant in ("cpu", "gpu"):
-        env = " ".join(i.arguments for i in stages[f"base-{variant}"] if i.keyword == "ENV")
+        env = " ".join(i.arguments for i in by_name[f"base-{variant}"] if i.keyword == "ENV")
         assert f"TENSORFLOW_VARIANT={variant}" in env
-    gpu_env = " ".join(i.arguments for i in stages["base-gpu"] if i.keyword == "ENV")
+    gpu_env = " ".join(i.arguments for i in by_name["base-gpu"] if i.keyword == "ENV")
     # No GPU is visible during `docker build`: NCCL must be asked for, not detected.
     assert "HOROVOD_GPU_OPERATIONS=NCCL" in gpu_env
 
 
-def test_training_image_runs_the_tested_install_script() -> None:
-    assert any("packaging/install.sh" in run for run in run_lines(ROOT / "Dockerfile"))
-    copies = [i.arguments for i in instructions(ROOT / "Dockerfile") if i.keyword == "COPY"]
-    # install.sh reads these, so they must be in the image before it runs.
-    first_copies = " ".join(copies[:2])
-    for name in ("requirements.txt", "requirements-dev.txt", "constraints.txt", "packaging/"):
-        assert name in first_copies
+def test_training_image_installs_with_the_tested_script_before_the_code() -> None:
+    image = stages(ROOT / "Dockerfile")[""]
+    install = next(
+        n
+        for n, i in enumerate(image)
+        if i.keyword == "RUN" and "packaging/install.sh" in i.arguments
+    )
+    copied_before = " ".join(i.arguments for i in image[:install] if i.keyword == "COPY")
+    # install.sh reads these (pyproject.toml: its fingerprint), so they must be in the
+    # image before it runs; the code must not be, so that editing it keeps that layer.
+    for name in (
+        "requirements.txt",
+        "requirements-dev.txt",
+        "constraints.txt",
+        "pyproject.toml",
+        "packaging/",
+    ):
+        assert name in copied_before
+    for name in ("dlrm", "preproc", "--from=checkout"):
+        assert name not in copied_before.split()
+    assert any(
+        i.keyword == "COPY" and i.arguments.startswith("--from=checkout") for i in image[install:]
+    )
 
 
 def pins(path: Path) -> dict[str, str]:
@@ -140,3 +169,55 @@ def test_build_context_leaves_out_the_host_environment() -> None:
         if line.strip() and not line.startswith("#")
     }
     assert {".venv", ".cache", ".git", "runs", "demo_output"} <= ignored
+    # The builds mount docker/wheelhouse/ from the context: it must stay in it.
+    assert not any(line.startswith("docker/wheelhouse") and "*.whl" not in line for line in ignored)
+
+
+@pytest.mark.parametrize("path", DOCKERFILES, ids=lambda p: p.name)
+def test_every_install_step_takes_the_wheelhouse_when_it_has_wheels(path: Path) -> None:
+    """pip reaches no index in the air-gapped builds (and in CI): each step that runs pip
+    mounts docker/wheelhouse/ and points pip at it alone when it holds wheels."""
+    installs = [run for run in run_lines(path) if "pip install" in run or "install.sh" in run]
+    assert installs, f"{path.name}: no install step"
+    for run in installs:
+        assert "--mount=type=bind,source=docker/wheelhouse,target=/wheelhouse" in run, run
+        assert "export PIP_NO_INDEX=1 PIP_FIND_LINKS=/wheelhouse" in run, run
+        if "install.sh" in run:
+            # ... and the Horovod wheel found there is installed instead of built.
+            assert "export HOROVOD_WHEEL" in run, run
+
+
+@pytest.mark.parametrize("path", DOCKERFILES, ids=lambda p: p.name)
+def test_the_wheelhouse_is_never_copied_into_an_image(path: Path) -> None:
+    """`COPY . ...` happens only in the stage that then deletes docker/wheelhouse/; the
+    image copies from that stage. (.dockerignore cannot leave the wheelhouse out of the
+    context: docker build mounts nothing that it leaves out.)"""
+    for name, stage in stages(path).items():
+        copies_context = [
+            i for i in stage if i.keyword == "COPY" and i.arguments.split()[0] in (".", "./")
+        ]
+        if name == "checkout":
+            assert copies_context
+            assert "rm -rf /checkout/docker/wheelhouse" in run_lines_of(stage)
+        else:
+            assert not copies_context, f"{path.name}, stage {name or 'image'}: {copies_context}"
+
+
+def test_both_images_build_from_the_same_fully_named_debian() -> None:
+    """tests/integration imports a debootstrapped Debian under this name and builds
+    with --pull=never. The name is written in full because `podman import` files a
+    short one (debian:...) under localhost/, which docker would not pull."""
+    bases = {global_arg_defaults(path)["DEBIAN_IMAGE"] for path in DOCKERFILES}
+    assert len(bases) == 1, bases
+    assert bases.pop().startswith("docker.io/library/debian:bookworm")
+
+
+@pytest.mark.parametrize("path", DOCKERFILES, ids=lambda p: p.name)
+def test_images_run_as_uid_1000_through_the_entrypoint(path: Path) -> None:
+    image = stages(path)[""]
+    users = [i.arguments for i in image if i.keyword == "USER"]
+    assert users == ["1000:1000"]
+    entrypoints = [i.arguments for i in image if i.keyword == "ENTRYPOINT"]
+    assert entrypoints == ['["/bin/sh", "/usr/local/bin/dlrm-entrypoint"]']
+    copies = [i.arguments for i in image if i.keyword == "COPY"]
+    assert "docker/entrypoint.sh /usr/local/bin/dlrm-entrypoint" in copies
