@@ -8,15 +8,19 @@ TensorFlow's CPU kernels run some of DLRM's ops far below the machine's speed
   vectors stay in cache; float32 and bfloat16.
 - `DlrmAllFinite` (`all_finite.cc`): whether a list of tensors holds no NaN or
   infinity, one pass over their bits (the trainer's check of the gradients).
-- `DlrmSparseSgd` (`sparse_sgd.cc`): SGD on the looked-up rows of all tables
-  in one op, the tables shared among threads, each row updated in place.
-- `DlrmEmbeddingLookup` (`embedding_lookup.cc`) and `DlrmEmbeddingSgd`
-  (`sparse_sgd.cc`): every table's one-hot lookup written straight into the
-  [B, sum of D] vectors, and SGD on those rows from the vectors' undivided
-  gradient: no concatenation of 26 lookups, no split of their gradient.
+- `DlrmEmbeddingLookup` (`embedding_lookup.cc`): every table's one-hot lookup
+  written straight into the [B, sum of D] vectors: no concatenation of 26
+  lookups.
+- `DlrmEmbeddingApply` (`embedding_apply.cc`): one SGD, Adagrad or lazy Adam
+  step on the looked-up rows of many tables (row-range shards among them),
+  read straight from the gradients of the lookups' outputs, each table's part
+  of a gradient a "piece" (`dlrm.embedding.update`): no split of the vectors'
+  gradient per table; duplicate ids summed once in float32, the tables and
+  their rows shared among threads, copy-on-read as TensorFlow's own sparse
+  updates (with its public helpers, `training_op_helpers.h`).
 
 `make install` compiles them with the system's g++ against the installed
-TensorFlow's headers (`python -m dlrm.kernels`, about 30 s on 2 cores) into
+TensorFlow's headers (`python -m dlrm.kernels`, about a minute on 2 cores) into
 `<venv>/lib/dlrm-kernels/`, under a name that carries a fingerprint of the
 sources and of TensorFlow's version: a library built from other sources, or
 for another TensorFlow, is never loaded. An installation that did not build
@@ -51,7 +55,12 @@ from typing import Any
 
 SOURCES = tuple(
     Path(__file__).with_name(name)
-    for name in ("dot_interaction.cc", "all_finite.cc", "sparse_sgd.cc", "embedding_lookup.cc")
+    for name in (
+        "dot_interaction.cc",
+        "all_finite.cc",
+        "embedding_lookup.cc",
+        "embedding_apply.cc",
+    )
 )
 # Included by the sources: part of the fingerprint, not compiled on their own.
 HEADERS = (Path(__file__).with_name("bfloat16.h"),)
@@ -308,9 +317,9 @@ def _register_gradients(module: Any) -> None:
 
     @tf.RegisterGradient("DlrmEmbeddingLookup")
     def _embedding_lookup_gradient(op: Any, gradient: Any) -> Any:
-        # Each table's rows, as `tf.gather`'s gradient gives them. The trainer's
-        # SGD skips this (DlrmEmbeddingSgd reads the undivided gradient); other
-        # optimizers and callers of tf.GradientTape get it.
+        # Each table's rows, as `tf.gather`'s gradient gives them, for callers of
+        # tf.GradientTape. The trainer does not differentiate through lookups:
+        # the layer's backward hands the undivided gradient to DlrmEmbeddingApply.
         widths = op.get_attr("widths")
         ids = op.inputs[len(widths)]
         pieces = tf.split(tf.cast(gradient, tf.float32), widths, axis=1)

@@ -6,8 +6,8 @@
 // step's largest activation; autodiff then splits its gradient back into 26
 // tables (SplitV), another copy. Together they took 42 ms of a 650 ms float32 step
 // at batch 8192 (docs/performance.md). Here each sample's row of the output is
-// written once, straight from the tables, and with DlrmEmbeddingSgd
-// (sparse_sgd.cc), which reads the undivided gradient, neither copy is made.
+// written once, straight from the tables, and with DlrmEmbeddingApply
+// (embedding_apply.cc), which reads the undivided gradient, neither copy is made.
 //
 // DlrmEmbeddingLookup: tables (N float32 [rows_t, widths[t]] resource
 // variables), ids ([B, N] int32 or int64, column t holding table t's ids) ->

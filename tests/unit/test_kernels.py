@@ -14,7 +14,6 @@ import tensorflow as tf
 from dlrm import kernels
 from dlrm.embedding.base import fused_lookup
 from dlrm.interaction import dot_interaction
-from dlrm.optimizers import Sgd
 
 ROOT = Path(__file__).resolve().parents[2]
 # bfloat16 keeps 8 significant bits: results rounded once (the kernel) or after
@@ -123,98 +122,6 @@ def test_all_finite_rejects_integer_tensors(library: object) -> None:
         library.dlrm_all_finite([tf.constant([1, 2])])  # type: ignore[attr-defined]
 
 
-def _sparse_sgd_case(
-    rows: int, width: int, index_dtype: tf.DType, value_dtype: tf.DType, seed: int
-) -> tuple[tf.Variable, np.ndarray, tf.IndexedSlices]:
-    rng = np.random.default_rng(seed)
-    initial = rng.normal(size=(rows, width)).astype(np.float32)
-    ids = rng.integers(0, rows, size=3 * rows)  # many duplicates
-    values = tf.constant(rng.normal(size=(ids.size, width)), value_dtype)
-    gradient = tf.IndexedSlices(values, tf.constant(ids, index_dtype), tf.constant([rows, width]))
-    return tf.Variable(initial), initial, gradient
-
-
-def test_sparse_sgd_matches_scatter_sub_on_many_tables(library: object) -> None:
-    cases = [
-        _sparse_sgd_case(50, 128, tf.int32, tf.float32, 0),
-        _sparse_sgd_case(7, 19, tf.int64, tf.float32, 1),  # width below one SIMD block
-        _sparse_sgd_case(30, 40, tf.int32, tf.bfloat16, 2),
-        _sparse_sgd_case(1000, 16, tf.int64, tf.bfloat16, 3),
-    ]
-    rate = tf.constant(0.25)
-    library.dlrm_sparse_sgd(  # type: ignore[attr-defined]
-        variables=[v.handle for v, _, _ in cases],
-        indices=[g.indices for _, _, g in cases],
-        values=[g.values for _, _, g in cases],
-        learning_rate=rate,
-    )
-    for table, (variable, initial, gradient) in enumerate(cases):
-        expected = initial.copy()
-        np.subtract.at(
-            expected, gradient.indices.numpy(), 0.25 * _as_float(gradient.values).astype(np.float32)
-        )
-        np.testing.assert_allclose(
-            variable.numpy(), expected, rtol=1e-6, atol=1e-5, err_msg=f"table {table}"
-        )
-
-
-def test_sparse_sgd_leaves_a_value_read_before_unchanged(library: object) -> None:
-    variable, initial, gradient = _sparse_sgd_case(20, 8, tf.int32, tf.float32, 4)
-    before = variable.read_value()  # shares the variable's buffer
-    library.dlrm_sparse_sgd(  # type: ignore[attr-defined]
-        variables=[variable.handle],
-        indices=[gradient.indices],
-        values=[gradient.values],
-        learning_rate=tf.constant(1.0),
-    )
-    np.testing.assert_array_equal(before.numpy(), initial)
-    assert not np.array_equal(variable.numpy(), initial)
-
-
-def test_sparse_sgd_rejects_an_id_out_of_range_and_leaves_its_table(library: object) -> None:
-    variable, initial, _ = _sparse_sgd_case(10, 4, tf.int32, tf.float32, 5)
-    out_of_range = r"indices\[1\] = 10 is not in \[0, 10\)"
-    with pytest.raises(tf.errors.InvalidArgumentError, match=out_of_range):
-        library.dlrm_sparse_sgd(  # type: ignore[attr-defined]
-            variables=[variable.handle],
-            indices=[tf.constant([3, 10])],
-            values=[tf.ones([2, 4])],
-            learning_rate=tf.constant(1.0),
-        )
-    np.testing.assert_array_equal(variable.numpy(), initial)
-    with pytest.raises(tf.errors.InvalidArgumentError, match=r"expected indices \[n\] and values"):
-        library.dlrm_sparse_sgd(  # type: ignore[attr-defined]
-            variables=[variable.handle],
-            indices=[tf.constant([3])],
-            values=[tf.ones([1, 5])],
-            learning_rate=tf.constant(1.0),
-        )
-
-
-def test_sgd_with_kernels_equals_sgd_without(library: object) -> None:
-    """Optimizer.apply with use_kernels: the same update as TensorFlow's scatter."""
-    results = []
-    for use_kernels in (True, False):
-        tables = [
-            _sparse_sgd_case(60, 32, tf.int32, tf.float32, 6),
-            _sparse_sgd_case(9, 5, tf.int64, tf.float32, 7),
-        ]
-        dense = tf.Variable(np.ones((3, 2), np.float32))
-        variables = [dense, *(v for v, _, _ in tables)]
-        optimizer = Sgd()
-        optimizer.build(variables)
-        optimizer.apply(
-            [tf.fill([3, 2], 0.5), *(g for _, _, g in tables)],
-            variables,
-            tf.constant(0.1),
-            use_kernels=use_kernels,
-        )
-        results.append([dense.numpy(), *(v.numpy() for v, _, _ in tables)])
-    for ours, reference in zip(*results, strict=True):
-        np.testing.assert_allclose(ours, reference, rtol=1e-6, atol=1e-6)
-    np.testing.assert_allclose(results[0][0], 0.95)
-
-
 def _tables(widths: list[int], rows: list[int], seed: int) -> list[tf.Variable]:
     rng = np.random.default_rng(seed)
     return [
@@ -293,72 +200,6 @@ def test_embedding_lookup_rejects_bad_ids_and_widths(library: object) -> None:
             widths=[4, 5],
             T=tf.float32,
         )
-
-
-@pytest.mark.parametrize(
-    ("index_dtype", "dtype"), [(tf.int32, tf.float32), (tf.int64, tf.bfloat16)]
-)
-def test_embedding_sgd_applies_the_undivided_gradient(
-    library: object, index_dtype: tf.DType, dtype: tf.DType
-) -> None:
-    widths, rows = [16, 3, 40], [30, 5, 200]  # table 1: many duplicate ids
-    tables = _tables(widths, rows, 12)
-    initial = [t.numpy() for t in tables]
-    rng = np.random.default_rng(13)
-    ids = np.stack([rng.integers(0, r, 64) for r in rows], axis=1)
-    gradient = tf.constant(rng.normal(size=(64, sum(widths))), dtype)
-    library.dlrm_embedding_sgd(  # type: ignore[attr-defined]
-        tables=[t.handle for t in tables],
-        ids=tf.constant(ids, index_dtype),
-        gradient=gradient,
-        learning_rate=tf.constant(0.5),
-        widths=widths,
-    )
-    values = _as_float(gradient)
-    offsets = np.cumsum([0, *widths])
-    for t, table in enumerate(tables):
-        expected = initial[t].copy()
-        np.subtract.at(expected, ids[:, t], 0.5 * values[:, offsets[t] : offsets[t + 1]])
-        np.testing.assert_allclose(
-            table.numpy(), expected, rtol=1e-6, atol=1e-5, err_msg=f"table {t}"
-        )
-
-
-def test_embedding_sgd_rejects_an_id_out_of_range_and_leaves_its_table(library: object) -> None:
-    tables = _tables([4], [10], 14)
-    initial = tables[0].numpy()
-    before = tables[0].read_value()
-    with pytest.raises(
-        tf.errors.InvalidArgumentError, match=r"ids\[2, 0\] = 12 is not a row of table 0"
-    ):
-        library.dlrm_embedding_sgd(  # type: ignore[attr-defined]
-            tables=[tables[0].handle],
-            ids=tf.constant([[1], [2], [12]]),
-            gradient=tf.ones([3, 4]),
-            learning_rate=tf.constant(1.0),
-            widths=[4],
-        )
-    np.testing.assert_array_equal(tables[0].numpy(), initial)
-    with pytest.raises(
-        tf.errors.InvalidArgumentError, match=r"expected ids \[B, 1\] and gradient \[B, 4\]"
-    ):
-        library.dlrm_embedding_sgd(  # type: ignore[attr-defined]
-            tables=[tables[0].handle],
-            ids=tf.constant([[1]]),
-            gradient=tf.ones([1, 5]),
-            learning_rate=tf.constant(1.0),
-            widths=[4],
-        )
-    # A value read before an update keeps what it read (copy-on-read, as above).
-    library.dlrm_embedding_sgd(  # type: ignore[attr-defined]
-        tables=[tables[0].handle],
-        ids=tf.constant([[1]]),
-        gradient=tf.ones([1, 4]),
-        learning_rate=tf.constant(1.0),
-        widths=[4],
-    )
-    np.testing.assert_array_equal(before.numpy(), initial)
-    np.testing.assert_allclose(tables[0].numpy()[1], initial[1] - 1.0)
 
 
 def test_library_name_follows_sources_and_tensorflow(monkeypatch: pytest.MonkeyPatch) -> None:
