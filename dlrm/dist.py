@@ -39,12 +39,11 @@ class Collectives:
         returns what every rank sent here, concatenated in rank order."""
         return tensor
 
-    def allreduce_sum(self, tensors: Sequence[Any], names: Sequence[str]) -> list[Any]:
-        """Element-wise sums over ranks (dense tensors or `tf.IndexedSlices`, the
-        latter allgathered), one name per tensor."""
+    def allreduce_sum(self, tensors: Sequence[tf.Tensor], names: Sequence[str]) -> list[tf.Tensor]:
+        """Element-wise sums over ranks, one name per tensor."""
         return list(tensors)
 
-    def allgather(self, tensor: tf.Tensor) -> tf.Tensor:
+    def allgather(self, tensor: tf.Tensor, name: str) -> tf.Tensor:
         """Every rank's `tensor` concatenated along axis 0, in rank order."""
         return tensor
 
@@ -52,10 +51,6 @@ class Collectives:
         """Every rank's picklable `value`, in rank order. Named: Horovod would
         otherwise name it after the value's type, which may differ by rank."""
         return [value]
-
-    def broadcast_object(self, value: Any, name: str) -> Any:
-        """Rank 0's `value` on every rank."""
-        return value
 
     def broadcast_variables(self, variables: Sequence[Any]) -> None:
         """Rank 0's values into every rank's `variables`."""
@@ -115,26 +110,17 @@ class HorovodCollectives(Collectives):
         # Horovod returns (tensor, received_splits) in 0.28.
         return result[0] if isinstance(result, (tuple, list)) else result
 
-    def allreduce_sum(self, tensors: Sequence[Any], names: Sequence[str]) -> list[Any]:
-        return [self._sum(t, name) for t, name in zip(tensors, names, strict=True)]
+    def allreduce_sum(self, tensors: Sequence[tf.Tensor], names: Sequence[str]) -> list[tf.Tensor]:
+        return [
+            self._hvd.allreduce(tensor, op=self._hvd.Sum, name=name)
+            for tensor, name in zip(tensors, names, strict=True)
+        ]
 
-    def _sum(self, tensor: Any, name: str) -> Any:
-        if isinstance(tensor, tf.IndexedSlices):
-            # Horovod's own IndexedSlices path allgathers without names, which
-            # hangs when the ranks' graphs differ: name both halves.
-            values = self._hvd.allgather(tensor.values, name=f"{name}_values")
-            indices = self._hvd.allgather(tensor.indices, name=f"{name}_indices")
-            return tf.IndexedSlices(values, indices, tensor.dense_shape)
-        return self._hvd.allreduce(tensor, op=self._hvd.Sum, name=name)
-
-    def allgather(self, tensor: tf.Tensor) -> tf.Tensor:
-        return self._hvd.allgather(tensor)
+    def allgather(self, tensor: tf.Tensor, name: str) -> tf.Tensor:
+        return self._hvd.allgather(tensor, name=name)
 
     def allgather_object(self, value: Any, name: str) -> list[Any]:
         return list(self._hvd.allgather_object(value, name=name))
-
-    def broadcast_object(self, value: Any, name: str) -> Any:
-        return self._hvd.broadcast_object(value, root_rank=0, name=name)
 
     def broadcast_variables(self, variables: Sequence[Any]) -> None:
         resources = [getattr(v, "value", v) for v in variables]

@@ -27,7 +27,7 @@ class Evaluator:
             prediction = self.predictor.predict(batch.numerical, batch.categorical)
             # Every rank's local rows, in rank order: the whole global batch.
             columns = self.collectives.allgather(
-                tf.concat([batch.label, prediction, batch.weight], axis=1)
+                tf.concat([batch.label, prediction, batch.weight], axis=1), name="evaluation"
             ).numpy()
             keep = columns[:, 2] > 0
             labels.append(columns[keep, 0])

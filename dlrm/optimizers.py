@@ -1,11 +1,14 @@
-"""SGD, Adagrad and Adam with sparse (row-wise) updates for embedding gradients.
+"""SGD, Adagrad and Adam: dense updates for the MLPs, row updates for embeddings.
 
-Embedding gradients arrive as `tf.IndexedSlices` (only the rows looked up), and
-are applied to those rows only, so a step costs O(batch) for a table of any size.
-The updates run TensorFlow's fused training kernels (`tf.raw_ops.ResourceApply*`,
-`ResourceSparseApply*`), the same kernels TensorFlow's own optimizers used before
-Keras 3; sparse Adam is "lazy" (moments of untouched rows do not decay), as
-NVIDIA's reference uses for embeddings.
+Each optimizer is a rule with per-variable slots. The dense weights are updated
+by TensorFlow's fused training kernels (`tf.raw_ops.ResourceApply*`, the same
+kernels TensorFlow's own optimizers used before Keras 3). Embedding tables are
+updated on the rows a step looked up only, so a step costs O(batch) for a table
+of any size: by the project's `DlrmEmbeddingApply` kernel
+(`dlrm.embedding.update`, with `kernel_rule` and `bias_correction_powers`), or
+by `apply_rows` on row-sparse `tf.IndexedSlices` with TensorFlow's ops, the
+same computation. Sparse Adam is "lazy" (moments of untouched rows do not
+decay), as NVIDIA's reference uses for embeddings.
 
 Why not Keras 3 optimizers: they keep slots in their own structure keyed by
 variable order, which the sharded checkpoints (one file per table shard, with
@@ -22,17 +25,10 @@ import abc
 from collections.abc import Sequence
 from typing import Any
 
-import numpy as np
 import tensorflow as tf
 
-from dlrm import kernels
 from dlrm.config import OPTIMIZERS
-
-
-def _resource(variable: Any) -> tf.Variable:
-    """The tf.Variable behind a Keras 3 variable (or the variable itself)."""
-    value = getattr(variable, "value", variable)
-    return value if isinstance(value, tf.Variable) else variable
+from dlrm.variables import resource_variable
 
 
 def variable_name(variable: Any) -> str:
@@ -55,8 +51,10 @@ def _deduplicate(gradient: tf.IndexedSlices) -> tuple[tf.Tensor, tf.Tensor]:
 class Optimizer(abc.ABC):
     """Applies gradients to variables, with per-variable slots.
 
-    Call `build(variables)` eagerly once, then `apply(...)` (inside tf.function)
-    every step. `iterations` counts applied steps (Adam's bias correction).
+    Call `build(variables)` eagerly once; then, every step (inside tf.function),
+    the embedding rows' update (`apply_rows`, or the kernel with `kernel_rule`)
+    before `apply` of the dense gradients, which ends the step: `iterations`
+    counts applied steps (Adam's bias correction) and `apply` adds one.
     """
 
     name: str = ""
@@ -88,39 +86,40 @@ class Optimizer(abc.ABC):
         return self._slots[variable_name(variable)]
 
     def apply(
-        self,
-        gradients: Sequence[Any],
-        variables: Sequence[Any],
-        learning_rate: tf.Tensor,
-        use_kernels: bool = False,
+        self, gradients: Sequence[Any], variables: Sequence[Any], learning_rate: tf.Tensor
     ) -> None:
-        """One update of every variable; dense gradients or `tf.IndexedSlices`.
-        `use_kernels`: the sparse updates may run on the project's CPU kernels
-        (`dlrm.kernels`), where the optimizer has one (SGD)."""
+        """One update of every variable from its gradient (dense, or
+        `tf.IndexedSlices`: `apply_rows`), and the end of the step."""
         learning_rate = tf.cast(learning_rate, tf.float32)
-        sparse = []
         for gradient, variable in zip(gradients, variables, strict=True):
             if gradient is None:
                 continue
-            resource = _resource(variable)
             if isinstance(gradient, tf.IndexedSlices):
-                sparse.append((resource, gradient, self.slots(variable)))
+                self.apply_rows(variable, gradient, learning_rate)
             else:
+                resource = resource_variable(variable)
                 slots = self.slots(variable)
                 self._apply_dense(resource, tf.convert_to_tensor(gradient), learning_rate, slots)
-        if sparse:
-            self._apply_sparse_all(sparse, learning_rate, use_kernels)
         self.iterations.assign_add(1)
 
-    def _apply_sparse_all(
-        self,
-        updates: list[tuple[tf.Variable, tf.IndexedSlices, dict[str, Any]]],
-        lr: tf.Tensor,
-        use_kernels: bool,
-    ) -> None:
-        """Every sparse update of a step: (variable, gradient, slots) each."""
-        for variable, gradient, slots in updates:
-            self._apply_sparse(variable, gradient, lr, slots)
+    def apply_rows(self, variable: Any, gradient: tf.IndexedSlices, learning_rate: Any) -> None:
+        """The rule on the rows of `variable` that `gradient` names, with
+        TensorFlow's ops: duplicate rows are summed first, and each row is updated
+        once. Does not end the step (`apply` does)."""
+        self._apply_sparse(
+            resource_variable(variable),
+            gradient,
+            tf.cast(learning_rate, tf.float32),
+            self.slots(variable),
+        )
+
+    def kernel_rule(self) -> dict[str, Any]:
+        """The rule as `DlrmEmbeddingApply`'s attributes (dlrm.embedding.update)."""
+        return {"optimizer": self.name}
+
+    def bias_correction_powers(self) -> tuple[tf.Tensor, tf.Tensor]:
+        """(beta_1^t, beta_2^t) of this step (Adam's; ones for the others)."""
+        return tf.constant(1.0), tf.constant(1.0)
 
     @abc.abstractmethod
     def _apply_dense(
@@ -141,17 +140,6 @@ class Optimizer(abc.ABC):
     def hyperparameters(self) -> dict[str, Any]:
         return {"name": self.name}
 
-    def state(self) -> dict[str, np.ndarray]:
-        """`iterations` and every slot as "<variable>/<slot>" -> array."""
-        state = {"iterations": np.asarray(self.iterations.numpy())}
-        for name, slots in self._slots.items():
-            for slot, value in slots.items():
-                state[f"{name}/{slot}"] = value.numpy()
-        return state
-
-    def slot_state_names(self, variable: Any) -> list[str]:
-        return [f"{variable_name(variable)}/{slot}" for slot in self.slot_names]
-
 
 class Sgd(Optimizer):
     """Plain SGD: w -= lr * g (no momentum, as the reference DLRM)."""
@@ -164,21 +152,6 @@ class Sgd(Optimizer):
     def _apply_sparse(self, variable, gradient, lr, slots):  # type: ignore[no-untyped-def]
         # Scatter-sub adds up duplicate indices, which is the summed gradient's update.
         variable.scatter_sub(tf.IndexedSlices(gradient.values * lr, gradient.indices))
-
-    def _apply_sparse_all(self, updates, lr, use_kernels):  # type: ignore[no-untyped-def]
-        # One op for every float32 table: rows updated in place, duplicates in turn.
-        fused, others = [], []
-        for update in updates:
-            (fused if use_kernels and update[0].dtype == tf.float32 else others).append(update)
-        if fused:
-            kernels.require().dlrm_sparse_sgd(
-                variables=[variable.handle for variable, _, _ in fused],
-                indices=[gradient.indices for _, gradient, _ in fused],
-                values=[gradient.values for _, gradient, _ in fused],
-                learning_rate=lr,
-            )
-        for variable, gradient, slots in others:
-            self._apply_sparse(variable, gradient, lr, slots)
 
 
 class Adagrad(Optimizer):
@@ -201,6 +174,9 @@ class Adagrad(Optimizer):
             "initial_accumulator_value": self.initial_accumulator_value,
             "epsilon": self.epsilon,
         }
+
+    def kernel_rule(self) -> dict[str, Any]:
+        return {"optimizer": self.name, "epsilon": self.epsilon}
 
     def _apply_dense(self, variable, gradient, lr, slots):  # type: ignore[no-untyped-def]
         tf.raw_ops.ResourceApplyAdagradV2(
@@ -244,6 +220,17 @@ class Adam(Optimizer):
             "epsilon": self.epsilon,
         }
 
+    def kernel_rule(self) -> dict[str, Any]:
+        return {
+            "optimizer": self.name,
+            "beta_1": self.beta_1,
+            "beta_2": self.beta_2,
+            "epsilon": self.epsilon,
+        }
+
+    def bias_correction_powers(self) -> tuple[tf.Tensor, tf.Tensor]:
+        return self._powers()
+
     def _powers(self) -> tuple[tf.Tensor, tf.Tensor]:
         step = tf.cast(self.iterations + 1, tf.float32)
         return tf.pow(self.beta_1, step), tf.pow(self.beta_2, step)
@@ -276,12 +263,15 @@ class Adam(Optimizer):
         variable.scatter_sub(tf.IndexedSlices(update, indices))
 
 
+def optimizer_class(name: str) -> type[Optimizer]:
+    """The optimizer an `--optimizer` value names (its `slot_names` tell the
+    planner how much memory its slots take)."""
+    for cls in (Sgd, Adagrad, Adam):
+        if cls.name == name:
+            return cls
+    raise ValueError(f"--optimizer: expected one of {', '.join(OPTIMIZERS)}, got {name!r}")
+
+
 def create_optimizer(name: str) -> Optimizer:
     """`--optimizer` value -> a fresh optimizer with the default hyperparameters."""
-    if name == "sgd":
-        return Sgd()
-    if name == "adagrad":
-        return Adagrad()
-    if name == "adam":
-        return Adam()
-    raise ValueError(f"--optimizer: expected one of {', '.join(OPTIMIZERS)}, got {name!r}")
+    return optimizer_class(name)()

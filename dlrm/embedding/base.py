@@ -2,22 +2,26 @@
 
 `LocalEmbeddings` (every table on this process) and `ShardedEmbeddings` (a
 `ShardingPlan` across ranks) implement it, so the model, trainer and `main.py`
-do not change when tables are sharded. A lookup is three steps, which the
-trainer calls one by one so that the collectives of the last one run outside
-autodiff (see `dlrm/embedding/sharded.py`):
+do not change when tables are sharded. The trainer asks for vectors and hands
+back their gradient; what crosses between ranks, and which rank holds what, is
+the layer's alone:
 
-1. `input_distribution(ids, local_rows)`: ids routed to where they are looked up;
-2. `local_lookup(routed, local_rows)`: what this process looks up, on the tape;
-3. `output_distribution(looked_up, local_rows)`: the vectors of the local rows,
-   [L, D_0 + ... + D_{T-1}] (each table's D_t columns side by side, in table
-   order, so that tables may differ in width); `output_distribution_gradient`
-   is its backward.
+1. `forward(ids, local_rows, spans)`: the vectors of each span (chunk) of the
+   local rows, [rows, D_0 + ... + D_{T-1}] (each table's D_t columns side by
+   side, in table order, so that tables may differ in width);
+2. `backward(lookup, vector_gradients)`: the tables' gradients as
+   `GradientPiece`s, with every exchange between ranks done (no autodiff: the
+   backward of each lookup is written out);
+3. `apply_gradients(gradients, optimizer, ...)`: the optimizer's rule on the
+   rows looked up (`dlrm.embedding.update`).
+
+`call(ids)` is the forward pass of the whole batch, for prediction.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import keras
 import numpy as np
@@ -25,9 +29,11 @@ import tensorflow as tf
 from tensorflow.python.ops import resource_variable_ops
 
 from dlrm import kernels
-from dlrm.config import POOLINGS
 from dlrm.embedding.initializer import initial_table_values
 from dlrm.embedding.shard import TableShard
+from dlrm.embedding.update import GradientPiece, apply_pieces
+from dlrm.optimizers import Optimizer
+from dlrm.variables import resource_variable
 
 # Rows are written into table variables in chunks of at most this many bytes.
 CHUNK_BYTES = 64 << 20
@@ -125,29 +131,6 @@ def fused_lookup(variables: Sequence[Any], ids: tf.Tensor, output_dtype: Any) ->
     return tf.cast(vectors, dtype)
 
 
-def fused_sgd(
-    variables: Sequence[Any], ids: tf.Tensor, gradient: tf.Tensor, learning_rate: tf.Tensor
-) -> None:
-    """SGD on the rows `fused_lookup(variables, ids)` read, from the gradient
-    [B, sum of D_t] of its output (`DlrmEmbeddingSgd`): never split by table.
-    Duplicate ids apply in turn, the summed gradient's update."""
-    tables = [resource_variable(v) for v in variables]
-    if gradient.dtype not in (tf.float32, tf.bfloat16):
-        gradient = tf.cast(gradient, tf.float32)
-    kernels.require().dlrm_embedding_sgd(
-        tables=[table.handle for table in tables],
-        ids=ids,
-        gradient=gradient,
-        learning_rate=tf.cast(learning_rate, tf.float32),
-        widths=[int(table.shape[1]) for table in tables],
-    )
-
-
-def resource_variable(variable: Any) -> tf.Variable:
-    """The tf.Variable behind a Keras 3 variable (or the variable itself)."""
-    return variable if isinstance(variable, tf.Variable) else variable.value
-
-
 def assign_rows(variable: Any, start: int, values: np.ndarray) -> None:
     """variable[start : start + len(values)] = values, in place.
 
@@ -194,6 +177,10 @@ class Embeddings(keras.layers.Layer):
             largest activation and its gradient are 16-bit and never also held
             in float32 (a 1-process bfloat16 step of the default model at batch
             65536 peaked at 3.8 GiB instead of 5.7); the tables stay float32.
+        use_kernels: the project's CPU kernels (`dlrm.kernels`; the caller
+            checks that they are loaded and that the model runs on CPUs):
+            `DlrmEmbeddingApply` updates the tables, and where a layer has one,
+            a kernel looks ids up (`fused_lookup`).
     """
 
     def __init__(
@@ -204,6 +191,7 @@ class Embeddings(keras.layers.Layer):
         seed: int = 0,
         pooling: Sequence[str] | None = None,
         output_dtype: Any = tf.float32,
+        use_kernels: bool = False,
         **kwargs: Any,
     ) -> None:
         kwargs.setdefault("name", "embeddings")
@@ -216,15 +204,12 @@ class Embeddings(keras.layers.Layer):
                 f"embeddings: expected one cardinality, width and hotness per table, got "
                 f"{len(self.cardinalities)}, {len(self.dims)} and {len(self.hotness)}"
             )
+        # One per table, "sum" or "mean" (checked where the flags enter, RunConfig).
         self.pooling = tuple(pooling) if pooling is not None else ("sum",) * len(self.dims)
-        if len(self.pooling) != len(self.dims) or not set(self.pooling) <= set(POOLINGS):
-            raise ValueError(
-                f"pooling: expected one of {list(POOLINGS)} per table ({len(self.dims)}), "
-                f"got {list(self.pooling)}"
-            )
         # Table t's columns in the output: [offsets[t], offsets[t] + dims[t]).
         self.offsets = tuple(int(sum(self.dims[:t])) for t in range(len(self.dims)))
         self.seed = seed
+        self.use_kernels = use_kernels
         self.output_dtype = tf.as_dtype(output_dtype)
         if self.output_dtype not in (tf.float32, tf.bfloat16, tf.float16):
             raise ValueError(
@@ -278,64 +263,104 @@ class Embeddings(keras.layers.Layer):
         return vectors[:, start : start + self.dims[table]]
 
     def local_shards(self) -> list[tuple[TableShard, Any]]:
-        """The table shards this process holds, each with its variable."""
+        """The table shards this process holds, each with its variable: what
+        `GradientPiece.target` indexes."""
         raise NotImplementedError
 
-    def fused_ids(self, ids: Any) -> tf.Tensor | None:
-        """The [B, T] id matrix when the layer looks `ids` up with the fused
-        kernel (`fused_lookup`), whose tables the trainer's SGD may then update
-        from the vectors' undivided gradient (`apply_fused_sgd`); else None."""
-        return None
+    # ------------------------------------------------------------ the step
 
-    def apply_fused_sgd(self, ids: tf.Tensor, gradient: tf.Tensor, learning_rate: Any) -> None:
-        """SGD on the tables from the gradient of `call`'s vectors, for ids that
-        `fused_ids` accepted."""
+    def forward(self, ids: Any, local_rows: Any, spans: Sequence[Span]) -> EmbeddingLookup:
+        """The vectors of each span [start, stop) of the local rows (stop None:
+        to the end), [rows, sum of D_t] in `output_dtype`, and what `backward`
+        needs. `ids` are what the loader gives this process."""
         raise NotImplementedError
 
-    @property
-    def holds_model_parallel_shards(self) -> bool:
-        """Whether this process holds a shard that other ranks' lookups reach."""
-        return False
-
-    def gradient_exchange(self, variable: Any) -> str | None:
-        """How `variable`'s gradient is summed over ranks: None (it is not: one
-        process, or a model-parallel shard), "dense" or "sparse" (a replicated
-        table; see `planner.replicated_gradient_exchange`)."""
-        return None
-
-    # ------------------------------------------------------------ the lookup
-
-    def input_distribution(self, ids: Any, local_rows: Any) -> Any:
+    def backward(
+        self, lookup: EmbeddingLookup, vector_gradients: Sequence[tf.Tensor]
+    ) -> EmbeddingGradients:
+        """The tables' gradients from the gradient of each span's vectors."""
         raise NotImplementedError
 
-    def local_lookup(self, routed: Any, local_rows: Any) -> Any:
-        raise NotImplementedError
-
-    def output_distribution(self, looked_up: Any, local_rows: Any, chunk: int = 0) -> tf.Tensor:
-        raise NotImplementedError
-
-    def output_distribution_gradient(
-        self, gradient: tf.Tensor, local_rows: Any, chunk: int = 0
-    ) -> Any:
-        raise NotImplementedError
-
-    def chunk_ids(self, routed: Any, local_rows: int, start: int, stop: int) -> Any:
-        """Step 1's result for rows [start, stop) of each rank's local rows, or None
-        when the layer exchanges no vectors between ranks (nothing to overlap)."""
-        return None
-
-    def lookup(self, ids: Any, local_rows: Any) -> Any:
-        """Steps 1 and 2; record on a tape to get the tables' gradients."""
-        return self.local_lookup(self.input_distribution(ids, local_rows), local_rows)
+    def apply_gradients(
+        self,
+        gradients: EmbeddingGradients,
+        optimizer: Optimizer,
+        learning_rate: tf.Tensor,
+        gradient_scale: tf.Tensor | None = None,
+    ) -> None:
+        """The optimizer's rule on the rows the step looked up, with the project's
+        kernel where `use_kernels` (one op for every shard), else TensorFlow's
+        ops. Call before `optimizer.apply` of the dense gradients, which ends
+        the optimizer's step."""
+        learning_rate = tf.cast(learning_rate, tf.float32)
+        if gradients.receipt is not None:
+            # Always zero: it makes the update depend on every exchange of the
+            # step (see `sharded.StepExchanges`).
+            learning_rate = learning_rate + tf.cast(gradients.receipt, tf.float32)
+        apply_pieces(
+            gradients.pieces,
+            self.local_shards(),
+            optimizer,
+            learning_rate,
+            gradient_scale,
+            use_kernels=self.use_kernels,
+        )
 
     def call(self, ids: Any, local_rows: Any = None) -> tf.Tensor:
         """Vectors [L, sum of D] (`output_dtype`) of the local rows, tables side by side."""
         if local_rows is None:
             local_rows = self.default_local_rows(ids)
-        return self.output_distribution(self.lookup(ids, local_rows), local_rows)
+        return self.forward(ids, local_rows, [(0, None)]).chunks[0].vectors
 
     def default_local_rows(self, ids: Any) -> Any:
         first = ids[0] if isinstance(ids, (tuple, list)) else ids
         if isinstance(first, tf.RaggedTensor):
             return first.nrows(out_type=tf.int32)
         return tf.shape(first)[0]
+
+
+# A span of a batch's rows: [start, stop), stop None for the end of the batch.
+Span = tuple[int, int | None]
+
+
+class ChunkLookup(NamedTuple):
+    """One span's vectors [rows, sum of D_t], and the ids its backward needs (in
+    the layer's own form)."""
+
+    vectors: tf.Tensor
+    ids: Any
+
+
+class EmbeddingLookup(NamedTuple):
+    """`forward`'s result: one `ChunkLookup` per span, and the layer's state of
+    the step (its exchanges between ranks; None on one process)."""
+
+    chunks: list[ChunkLookup]
+    step: Any = None
+
+
+class EmbeddingGradients(NamedTuple):
+    """`backward`'s result.
+
+    Attributes:
+        pieces: the gradient of every shard this process updates.
+        finite: whether what the layer summed over ranks is finite (what each
+            rank computed itself is the trainer's to check: the vectors'
+            gradient).
+        receipt: a zero that depends on every exchange of the step, which
+            `apply_gradients` consumes; None on one process.
+    """
+
+    pieces: list[GradientPiece]
+    finite: tf.Tensor
+    receipt: tf.Tensor | None = None
+
+
+def rows_of(ids: Any, start: int, stop: int | None) -> Any:
+    """Rows [start, stop) of the loader's ids ([B, n], or a tuple of [B, hotness]
+    and ragged [B, None]); all of them when the span is the whole batch."""
+    if start == 0 and stop is None:
+        return ids
+    if isinstance(ids, (tuple, list)):
+        return tuple(x[start:stop] for x in ids)
+    return ids[start:stop]

@@ -7,8 +7,19 @@ from typing import Any
 
 import tensorflow as tf
 
-from dlrm.embedding.base import Embeddings, fused_lookup, fused_sgd, gather_rows, pooled_lookup
+from dlrm.embedding.base import (
+    ChunkLookup,
+    EmbeddingGradients,
+    EmbeddingLookup,
+    Embeddings,
+    Span,
+    fused_lookup,
+    gather_rows,
+    pooled_lookup,
+    rows_of,
+)
 from dlrm.embedding.shard import ShardingKind, TableShard
+from dlrm.embedding.update import pooled_piece
 
 
 class LocalEmbeddings(Embeddings):
@@ -21,15 +32,12 @@ class LocalEmbeddings(Embeddings):
     Call with ids [B, T] int32 (all one-hot) or a sequence of T tensors
     [B, hotness_t] or `tf.RaggedTensor` [B, None] (variable length); returns
     [B, sum of D_t] in `output_dtype`, the tables' vectors side by side. `dims` is one
-    width for every table or one per table. Gradients with respect to the
-    tables are `tf.IndexedSlices` (rows looked up), which the optimizers apply
-    sparsely.
+    width for every table or one per table.
 
     `use_kernels`: one-hot ids [B, T] are looked up by one op of the project's
     CPU kernels (`fused_lookup`), which writes the vectors side by side with no
-    concatenation, and the trainer's SGD updates the tables from the vectors'
-    gradient without splitting it (`apply_fused_sgd`). The caller checks that
-    the kernels are built and that the model runs on CPUs.
+    concatenation, and the tables are updated from the vectors' gradient as it
+    is, never split per table (`apply_gradients`).
     """
 
     def __init__(
@@ -52,6 +60,7 @@ class LocalEmbeddings(Embeddings):
             seed=seed,
             pooling=pooling,
             output_dtype=output_dtype,
+            use_kernels=use_kernels,
             **kwargs,
         )
         self.shards = [
@@ -59,41 +68,40 @@ class LocalEmbeddings(Embeddings):
             for t, rows in enumerate(self.cardinalities)
         ]
         self.tables = [self.create_shard_variable(shard) for shard in self.shards]
-        self.use_kernels = use_kernels
 
     def local_shards(self) -> list[tuple[TableShard, Any]]:
         return list(zip(self.shards, self.tables, strict=True))
 
     # One process: ids are already here and the vectors stay here.
 
-    def input_distribution(self, ids: Any, local_rows: Any) -> Any:
-        return ids
+    def forward(self, ids: Any, local_rows: Any, spans: Sequence[Span]) -> EmbeddingLookup:
+        chunks = []
+        for start, stop in spans:
+            chunk_ids = ids if len(spans) == 1 else rows_of(ids, start, stop)
+            chunks.append(ChunkLookup(self._lookup(chunk_ids), chunk_ids))
+        return EmbeddingLookup(chunks)
 
-    def local_lookup(self, routed: Any, local_rows: Any) -> tf.Tensor:
-        fused = self.fused_ids(routed)
-        if fused is not None:
-            return fused_lookup(self.tables, fused, self.output_dtype)
-        if isinstance(routed, (tuple, list)):
+    def _lookup(self, ids: Any) -> tf.Tensor:
+        if self.use_kernels and not isinstance(ids, (tuple, list)):
+            return fused_lookup(self.tables, ids, self.output_dtype)
+        if isinstance(ids, (tuple, list)):
             vectors = [
                 pooled_lookup(table, table_ids, pooling)
-                for table, table_ids, pooling in zip(self.tables, routed, self.pooling, strict=True)
+                for table, table_ids, pooling in zip(self.tables, ids, self.pooling, strict=True)
             ]
         else:
-            vectors = [gather_rows(table, routed[:, t]) for t, table in enumerate(self.tables)]
+            vectors = [gather_rows(table, ids[:, t]) for t, table in enumerate(self.tables)]
         return tf.concat([tf.cast(v, self.output_dtype) for v in vectors], axis=1)
 
-    def fused_ids(self, ids: Any) -> tf.Tensor | None:
-        if not self.use_kernels or isinstance(ids, (tuple, list)):
-            return None
-        return ids
-
-    def apply_fused_sgd(self, ids: tf.Tensor, gradient: tf.Tensor, learning_rate: Any) -> None:
-        fused_sgd(self.tables, ids, gradient, learning_rate)
-
-    def output_distribution(self, looked_up: Any, local_rows: Any, chunk: int = 0) -> tf.Tensor:
-        return looked_up
-
-    def output_distribution_gradient(
-        self, gradient: tf.Tensor, local_rows: Any, chunk: int = 0
-    ) -> Any:
-        return gradient
+    def backward(
+        self, lookup: EmbeddingLookup, vector_gradients: Sequence[tf.Tensor]
+    ) -> EmbeddingGradients:
+        """Each table's piece of each chunk's gradient, as it is: the vectors
+        were looked up here."""
+        tables = range(len(self.tables))
+        pieces = [
+            pooled_piece(t, ids, gradient, self.offsets[t], self.pooling[t])
+            for chunk, gradient in zip(lookup.chunks, vector_gradients, strict=True)
+            for t, ids in self.ids_by_table(chunk.ids, tables).items()
+        ]
+        return EmbeddingGradients(pieces, tf.constant(True))

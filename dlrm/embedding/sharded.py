@@ -3,27 +3,33 @@
 Each rank holds the `TableShard`s the plan gives it: whole tables
 (`table_wise`), column slices (`column_wise`), row ranges (`row_wise`), plus a
 full copy of every `data_parallel` table. For global batch G over W ranks (local
-batch L = G / W), a lookup is three steps:
+batch L = G / W), the vectors of a span of l of each rank's local rows are three
+steps:
 
-1. **input distribution**: the rank gets the ids of the global batch for the
-   tables it holds model-parallel shards of (model-parallel input: the loader
-   read them; data-parallel input: one alltoall of ids), and the ids of its
-   local rows for the replicated tables;
-2. **local lookup**: each shard pools its rows for all G samples, [G, width]
-   (a row range contributes zeros for ids outside it), and each replicated
-   table for the L local rows;
-3. **output distribution**: one alltoall sends rows [j L, (j + 1) L) of the
-   rank's shard outputs to rank j; each rank assembles its L rows of every
-   table (column slices concatenated, row-range partial sums added), and puts
-   the tables side by side, [L, D_0 + ... + D_{T-1}] (widths may differ).
+1. **input distribution** (once per step): the rank gets the ids of the global
+   batch for the tables it holds model-parallel shards of (model-parallel input:
+   the loader read them; data-parallel input: an alltoall of ids), and the ids
+   of its local rows for the replicated tables;
+2. **local lookup**: each shard pools its rows for the span's W l samples,
+   [W l, width] (a row range contributes zeros for ids outside it), and each
+   replicated table for the rank's l rows;
+3. **output distribution**: an alltoall sends each rank its l rows of every
+   shard's outputs; each rank assembles every table (column slices
+   concatenated, row-range partial sums added) and puts the tables side by
+   side, [l, D_0 + ... + D_{T-1}] (widths may differ).
 
-The backward pass is explicit, not the autodiff of the collectives:
-`output_distribution_gradient` sends each shard the gradient of its outputs by
-the reverse alltoall, which every rank runs on every step, whether or not it
-holds a shard. (Left to autodiff, a rank whose lookups reach no variable of its
-own would skip the backward alltoall that the others wait for, and the job would
-hang.) With the loss divided by G, each shard then receives exactly the gradient
-one process computes, so model-parallel gradients need no reduction.
+The backward pass is written out, not the autodiff of the collectives: the
+reverse alltoall sends each shard the gradient of its outputs, and the
+replicated tables' gradients are summed over the ranks the way the plan costed
+(`ShardingPlan.gradient_exchange`: a dense allreduce with counts of lookups, or
+an allgather of the rows looked up). With the loss divided by G, each shard then
+receives exactly the gradient one process computes, so model-parallel gradients
+need no reduction.
+
+Every collective of a step goes through the step's `StepExchanges`, so every
+rank runs the same ones in the same order, whatever it holds, and none of them
+can be pruned or folded away by TensorFlow on a rank that has nothing to send
+or no use for what it receives (see `StepExchanges`).
 
 What each kind does in steps 2 and 3 is one `ShardPiece`; a new kind is a new
 piece in `PIECES`.
@@ -37,9 +43,20 @@ from typing import Any, NamedTuple
 import tensorflow as tf
 
 from dlrm.dist import Collectives
-from dlrm.embedding.base import Embeddings, gather_rows, pool, pooled_lookup
-from dlrm.embedding.planner import ShardingPlan, TableSpec, replicated_gradient_exchange
+from dlrm.embedding.base import (
+    ChunkLookup,
+    EmbeddingGradients,
+    EmbeddingLookup,
+    Embeddings,
+    Span,
+    gather_rows,
+    pool,
+    pooled_lookup,
+)
+from dlrm.embedding.planner import ShardingPlan
 from dlrm.embedding.shard import ShardingKind, TableShard
+from dlrm.embedding.update import GradientPiece, piece_slices, pooled_piece
+from dlrm.precision import all_finite
 
 
 class ShardPiece:
@@ -111,17 +128,66 @@ PIECES: dict[ShardingKind, ShardPiece] = {
 }
 
 
+class StepExchanges:
+    """The collectives of one step of a `ShardedEmbeddings`, in the order the
+    layer runs them: every rank runs the same ones, whatever it holds.
+
+    Horovod's collectives are not stateful ops, so inside a `tf.function` two
+    things would make one rank skip a collective its peers wait in, and hang the
+    job: an input that is a constant (a rank with nothing to send) is evaluated
+    once while tracing, and an output nothing uses (ids or gradients a rank
+    receives but has no shard for) is pruned. So every input is made from this
+    step's data (`anchor`), never a constant; and every output is folded into
+    `receipt`, a zero TensorFlow cannot tell is zero, that the next alltoall's
+    splits add (so each exchange depends on all before it) and that the update
+    consumes (`Embeddings.apply_gradients`). Nothing outside the layer is
+    placed to keep a collective alive.
+    """
+
+    def __init__(self, collectives: Collectives, anchor: tf.Tensor) -> None:
+        self.collectives = collectives
+        self.anchor = anchor  # [n]: this step's ids
+        self.receipt = tf.constant(0, tf.int32)
+
+    def alltoall(self, tensor: tf.Tensor, splits: Any, name: str) -> tf.Tensor:
+        """Rows [sum(splits[:j]), sum(splits[:j+1])) of `tensor` (flattened) to rank
+        j; what every rank sent here, in rank order."""
+        flat = tf.reshape(tensor, [-1])
+        if flat.shape.num_elements() == 0:  # nothing to send: still this step's data
+            flat = tf.cast(self.anchor[:0], flat.dtype)
+        splits = tf.cast(splits, tf.int32) + self.receipt
+        received = self.collectives.alltoall(flat, splits, name=name)
+        self._note(received)
+        return received
+
+    def allreduce_sum(self, tensors: Sequence[tf.Tensor], names: Sequence[str]) -> list[Any]:
+        summed = self.collectives.allreduce_sum(list(tensors), list(names))
+        for tensor in summed:
+            self._note(tensor)
+        return summed
+
+    def allgather(self, tensor: tf.Tensor, name: str) -> tf.Tensor:
+        gathered = self.collectives.allgather(tensor, name=name)
+        self._note(gathered)
+        return gathered
+
+    def _note(self, output: tf.Tensor) -> None:
+        """Folds `output` into the receipt by a zero made from it: its size,
+        floored at zero, where its shape is only known when it runs; else the
+        sum of none of its values."""
+        if output.shape.is_fully_defined():
+            zero = tf.cast(tf.reduce_sum(tf.reshape(output, [-1])[:0]), tf.int32)
+        else:
+            zero = tf.minimum(tf.size(output, out_type=tf.int32), 0)
+        self.receipt = self.receipt + zero
+
+
 class RoutedIds(NamedTuple):
     """Step 1's result: ids [G, hotness] (or ragged [G, None]) per model-parallel
-    table this rank holds shards of, ids [L, hotness] per replicated table, and
-    what the id alltoall received (kept as a dependency: on a rank that holds no
-    shard it is otherwise unused, and tf.function would prune the collective the
-    other ranks wait in)."""
+    table this rank holds shards of, and ids [L, hotness] per replicated table."""
 
     global_ids: dict[int, tf.Tensor]
     local_ids: dict[int, tf.Tensor]
-    received: list[tf.Tensor]
-    anchor: tf.Tensor
 
 
 class ShardedEmbeddings(Embeddings):
@@ -130,7 +196,7 @@ class ShardedEmbeddings(Embeddings):
     Args:
         plan: where every table lives (its `TableSpec`s give rows, width and
             hotness).
-        collectives: rank, world size and the alltoall.
+        collectives: rank, world size and the collectives.
         seed: initial values are `initial_table_values` slices, so N ranks
             start from the weights one process would.
         data_parallel_input: ids arrive for the local rows of all tables
@@ -144,12 +210,13 @@ class ShardedEmbeddings(Embeddings):
         pooling: per table, "sum" or "mean".
         output_dtype: the vectors' dtype (see `Embeddings`); main.py gives the
             compute dtype, as it does `wire_dtype`.
+        use_kernels: see `Embeddings`.
 
-    Call with the ids the loader gives this rank (`input_tables`, in order):
+    Its ids are what the loader gives this rank (`input_tables`, in order):
     [B, n] int32 or int64 when every table read is one-hot, else a tuple of
     [B, hotness] or `tf.RaggedTensor` [B, None] (variable length); and
-    `local_rows` L (needed when the rank reads no table).
-    Returns [L, sum of D_t] in `output_dtype` for the rank's local rows.
+    `local_rows` L (needed when the rank reads no table). Its vectors are
+    [l, sum of D_t] in `output_dtype` for the rank's local rows of a span.
     """
 
     def __init__(
@@ -162,6 +229,7 @@ class ShardedEmbeddings(Embeddings):
         hotness: Sequence[int] | None = None,
         pooling: Sequence[str] | None = None,
         output_dtype: Any = tf.float32,
+        use_kernels: bool = False,
         **kwargs: Any,
     ) -> None:
         specs = [table.spec for table in plan.tables]
@@ -172,6 +240,7 @@ class ShardedEmbeddings(Embeddings):
             seed,
             pooling=pooling,
             output_dtype=output_dtype,
+            use_kernels=use_kernels,
             **kwargs,
         )
         if plan.world_size != collectives.world_size:
@@ -197,6 +266,10 @@ class ShardedEmbeddings(Embeddings):
         ]
         self.widths = [sum(s.width for s in shards) for shards in self.sent]
         self.mine = self.sent[self.rank]
+        # Each of this rank's shards' first column in what it sends and receives.
+        self.mine_columns = [sum(s.width for s in self.mine[:i]) for i in range(len(self.mine))]
+        # Whether any vectors cross between the ranks: the same on every rank.
+        self.exchanges_vectors = any(self.sent)
         self.model_parallel_tables = [sorted({s.table for s in shards}) for shards in self.sent]
         self.replicated_tables = tuple(plan.data_parallel_tables())
         self.variable_length = tuple(h == 0 for h in self.hotness)
@@ -216,46 +289,86 @@ class ShardedEmbeddings(Embeddings):
             s for s in plan.local_shards(self.rank) if s.kind == ShardingKind.DATA_PARALLEL
         ]
         self.replicated = {s.table: self.create_shard_variable(s) for s in replicated}
+        # Each replicated table's position in local_shards() (a piece's target).
+        self.replicated_targets = {s.table: len(self.mine) + i for i, s in enumerate(replicated)}
         self.shard_variables += [(s, self.replicated[s.table]) for s in replicated]
-        self._exchange = {
-            id(variable): replicated_gradient_exchange(
-                TableSpec(specs[table].rows, specs[table].dim, specs[table].hotness),
-                self.world_size,
-                plan.global_batch_size,
-            ).method
-            for table, variable in self.replicated.items()
-        }
 
     # ------------------------------------------------------------------ views
 
     def local_shards(self) -> list[tuple[TableShard, Any]]:
         return list(self.shard_variables)
 
-    @property
-    def holds_model_parallel_shards(self) -> bool:
-        return bool(self.mine)
+    # ---------------------------------------------------------------- the step
 
-    def gradient_exchange(self, variable: Any) -> str | None:
-        return self._exchange.get(id(variable))
+    def forward(self, ids: Any, local_rows: Any, spans: Sequence[Span]) -> EmbeddingLookup:
+        """Step 1 once, then steps 2 and 3 for each span: each span's vectors
+        cross between the ranks on their own, so that one span's exchange,
+        forward and backward, overlaps another span's dense part."""
+        anchor = tf.reshape(tf.nest.flatten(ids, expand_composites=True)[0], [-1])
+        exchanges = StepExchanges(self.collectives, anchor)
+        routed = self._input_distribution(ids, local_rows, exchanges)
+        chunks = []
+        for k, (start, stop) in enumerate(spans):
+            if stop is None or len(spans) == 1:  # the whole batch
+                span_routed, rows = routed, local_rows
+            else:
+                span_routed, rows = self._span_ids(routed, local_rows, start, stop), stop - start
+            block, replicated = self._local_lookup(span_routed, rows)
+            vectors = self._output_distribution(block, replicated, rows, k, exchanges)
+            chunks.append(ChunkLookup(vectors, (span_routed, rows)))
+        return EmbeddingLookup(chunks, exchanges)
+
+    def backward(
+        self, lookup: EmbeddingLookup, vector_gradients: Sequence[tf.Tensor]
+    ) -> EmbeddingGradients:
+        """Each span's reverse alltoall (every rank, on every step), this rank's
+        shards' pieces of what arrived, and the replicated tables' gradients
+        summed over the ranks."""
+        exchanges: StepExchanges = lookup.step
+        pieces: list[GradientPiece] = []
+        replicated: dict[int, list[Any]] = {t: [] for t in self.replicated_tables}
+        for k, (chunk, gradient) in enumerate(zip(lookup.chunks, vector_gradients, strict=True)):
+            routed, rows = chunk.ids
+            block = self._output_distribution_gradient(gradient, rows, k, exchanges)
+            for i, shard in enumerate(self.mine):
+                pieces.append(
+                    pooled_piece(
+                        i,
+                        routed.global_ids[shard.table],
+                        block,
+                        self.mine_columns[i],
+                        self.pooling[shard.table],
+                    )
+                )
+            for t in self.replicated_tables:
+                target = self.replicated_targets[t]
+                piece = pooled_piece(
+                    target, routed.local_ids[t], gradient, self.offsets[t], self.pooling[t]
+                )
+                replicated[t].append(piece_slices(piece, self.shard_variables[target][0]))
+        summed, finite = self._sum_replicated(replicated, exchanges)
+        return EmbeddingGradients(pieces + summed, finite, exchanges.receipt)
 
     # ----------------------------------------------------- 1. input distribution
 
-    def input_distribution(self, ids: Any, local_rows: Any) -> RoutedIds:
+    def _input_distribution(self, ids: Any, local_rows: Any, exchanges: StepExchanges) -> RoutedIds:
         by_table = self.ids_by_table(ids, self.input_tables)
-        # This step's data, see _empty_block.
-        anchor = tf.reshape(tf.nest.flatten(ids, expand_composites=True)[0], [-1])
         if self.data_parallel_input:
-            global_ids, received = self._exchange_ids(by_table, local_rows)
+            global_ids = (
+                self._exchange_ids(by_table, local_rows, exchanges)
+                if self.exchanges_vectors
+                else {}
+            )
             local_ids = {t: by_table[t] for t in self.replicated_tables}
-            return RoutedIds(global_ids, local_ids, [received], anchor)
+            return RoutedIds(global_ids, local_ids)
         start = self.rank * local_rows
         global_ids = {t: by_table[t] for t in self.model_parallel_tables[self.rank]}
         local_ids = {t: by_table[t][start : start + local_rows] for t in self.replicated_tables}
-        return RoutedIds(global_ids, local_ids, [], anchor)
+        return RoutedIds(global_ids, local_ids)
 
     def _exchange_ids(
-        self, local_ids: dict[int, Any], local_rows: Any
-    ) -> tuple[dict[int, Any], tf.Tensor]:
+        self, local_ids: dict[int, Any], local_rows: Any, exchanges: StepExchanges
+    ) -> dict[int, Any]:
         """Data-parallel input: every rank's local-row ids of the tables this rank
         holds model-parallel shards of, for the whole global batch (rank order).
 
@@ -279,23 +392,16 @@ class ShardedEmbeddings(Embeddings):
                     tf.add_n([tf.size(local_ids[t].values) for t in ragged]) if ragged else 0
                 )
         sent = tf.concat(blocks, 0) if blocks else tf.zeros([0], id_dtype)
-        received = self.collectives.alltoall(sent, tf.stack(splits), name="embedding_ids")
+        received = exchanges.alltoall(sent, tf.stack(splits), name="embedding_ids")
         received_values = None
         if self.exchanges_variable_ids:
             sent_values = tf.concat(values, 0) if values else tf.zeros([0], id_dtype)
-            received_values = self.collectives.alltoall(
+            received_values = exchanges.alltoall(
                 sent_values, tf.stack(value_splits), name="embedding_variable_ids"
             )
-            # On a rank without a variable-length table the receipt is empty and
-            # unused: add to the first one, which is always used (see _empty_block),
-            # a zero that TensorFlow cannot tell is zero, so that the collective
-            # is neither pruned nor folded away. (A control dependency is dropped
-            # by the graph optimizer: the collective is not a stateful op.)
-            nothing = tf.cast(tf.minimum(tf.size(received_values), 0), received.dtype)
-            received = received + nothing
         mine = self.model_parallel_tables[self.rank]
         if not mine:
-            return {}, received
+            return {}
         fixed = [t for t in mine if not self.variable_length[t]]
         ragged = [t for t in mine if self.variable_length[t]]
         rows = tf.reshape(received, [-1, self._row_width(mine)])  # sources in rank order
@@ -314,17 +420,12 @@ class ShardedEmbeddings(Embeddings):
                 global_ids[table] = tf.RaggedTensor.from_row_lengths(
                     table_values, lengths[:, k], validate=False
                 )
-        return global_ids, received
+        return global_ids
 
-    def chunk_ids(
-        self, routed: RoutedIds, local_rows: int, start: int, stop: int
-    ) -> RoutedIds | None:
+    def _span_ids(self, routed: RoutedIds, local_rows: int, start: int, stop: int) -> RoutedIds:
         """The ids of rows [start, stop) of every rank's local rows: the routed ids
         of a global batch of W (stop - start) rows, in rank order, as if each rank
-        had read only those rows. None when no rank holds a model-parallel shard:
-        no vectors cross, so there is nothing to overlap."""
-        if not any(self.sent):
-            return None
+        had read only those rows."""
         count = stop - start
         index = tf.reshape(
             tf.range(self.world_size)[:, None] * local_rows + tf.range(start, stop)[None, :],
@@ -332,7 +433,7 @@ class ShardedEmbeddings(Embeddings):
         )
         global_ids = {t: tf.gather(ids, index) for t, ids in routed.global_ids.items()}
         local_ids = {t: ids[start:stop] for t, ids in routed.local_ids.items()}
-        return RoutedIds(global_ids, local_ids, routed.received, routed.anchor)
+        return RoutedIds(global_ids, local_ids)
 
     def _row_width(self, tables: Sequence[int]) -> int:
         """Values per row in the id alltoall for `tables`: ids, or one length."""
@@ -340,12 +441,12 @@ class ShardedEmbeddings(Embeddings):
 
     # ---------------------------------------------------------- 2. local lookup
 
-    def local_lookup(
+    def _local_lookup(
         self, routed: RoutedIds, local_rows: Any
-    ) -> tuple[tf.Tensor, tuple[tf.Tensor, ...]]:
+    ) -> tuple[tf.Tensor | None, tuple[tf.Tensor, ...]]:
         """([G, C] float32 outputs of this rank's shards side by side, in `sent`
-        order; the [L, D_t] vectors (`output_dtype`) of each replicated table, in
-        `replicated_tables` order).
+        order, or None when it holds none; the [L, D_t] vectors (`output_dtype`)
+        of each replicated table, in `replicated_tables` order).
 
         The replicated tables' vectors stay apart: they go into the vectors
         unsent, so side by side they were copied into one block only to be split
@@ -356,7 +457,7 @@ class ShardedEmbeddings(Embeddings):
             PIECES[s.kind].lookup(s, variable, routed.global_ids[s.table], self.pooling[s.table])
             for s, variable in self.shard_variables[: len(self.mine)]
         ]
-        block = tf.concat(outputs, axis=1) if outputs else self._empty_block(routed, local_rows)
+        block = tf.concat(outputs, axis=1) if outputs else None
         replicated = tuple(
             tf.cast(
                 pooled_lookup(self.replicated[t], routed.local_ids[t], self.pooling[t]),
@@ -365,20 +466,6 @@ class ShardedEmbeddings(Embeddings):
             for t in self.replicated_tables
         )
         return block, replicated
-
-    def _empty_block(self, routed: RoutedIds, local_rows: Any) -> tf.Tensor:
-        """The [G, 0] output of a rank without model-parallel shards, made from
-        this step's data, never a constant. Horovod's collectives are not
-        stateful ops, so TensorFlow's optimizer evaluates one whose inputs are all
-        constants once, while tracing, and reuses the result: this rank would
-        leave every later alltoall to its peers, which would hang. Made from the
-        (empty) id receipt, it also keeps the id alltoall, whose result is
-        otherwise unused here, from being pruned."""
-        if routed.received:
-            source = tf.cast(routed.received[0], tf.float32)  # no shard: nothing arrived
-        else:
-            source = tf.cast(routed.anchor[:0], tf.float32)
-        return tf.reshape(source, [local_rows * self.world_size, 0])
 
     # --------------------------------------------------- 3. output distribution
 
@@ -399,13 +486,20 @@ class ShardedEmbeddings(Embeddings):
             received = tf.bitcast(received, tf.bfloat16)
         return tf.cast(received, tf.float32)
 
-    def output_distribution(self, looked_up: Any, local_rows: Any, chunk: int = 0) -> tf.Tensor:
-        block, replicated = looked_up
+    def _output_distribution(
+        self,
+        block: tf.Tensor | None,
+        replicated: tuple[tf.Tensor, ...],
+        local_rows: Any,
+        chunk: int,
+        exchanges: StepExchanges,
+    ) -> tf.Tensor:
         vectors: dict[int, tf.Tensor] = {}
-        if any(self.sent):  # the same on every rank: all take part in the alltoall
+        if self.exchanges_vectors:  # the same on every rank: all take part
+            sent = tf.zeros([0], tf.float32) if block is None else block
             received = self._from_wire(
-                self.collectives.alltoall(
-                    self._to_wire(tf.reshape(block, [-1])),
+                exchanges.alltoall(
+                    self._to_wire(sent),
                     tf.fill([self.world_size], local_rows * self.widths[self.rank]),
                     name=_chunk_name("embedding_vectors", chunk),
                 )
@@ -428,38 +522,98 @@ class ShardedEmbeddings(Embeddings):
             vectors[table] = part
         return tf.concat([vectors[t] for t in range(len(self.cardinalities))], axis=1)
 
-    def output_distribution_gradient(
-        self, gradient: tf.Tensor, local_rows: Any, chunk: int = 0
-    ) -> Any:
-        """The gradient of `local_lookup`'s outputs from that of the vectors [L, sum of D_t]:
-        the reverse alltoall, run by every rank on every step.
-
-        A caller must use the result on every rank, also on a rank that holds no
-        model-parallel shard (whose tape then reaches no variable through it):
-        inside a `tf.function` an unused collective is pruned and the other ranks
-        wait for it. The trainer checks the result for NaN."""
-        block: tf.Tensor = tf.zeros([local_rows * self.world_size, 0])
-        if any(self.sent):
-            sent = []
-            for shards in self.sent:
-                for shard in shards:
-                    table_gradient = self.table_columns(gradient, shard.table)
-                    sent.append(PIECES[shard.kind].gradient(shard, table_gradient))
-            # [L, sum of widths]: for each destination rank, its shards' columns.
-            outgoing = tf.concat(sent, axis=1)  # not empty: some rank holds a shard
-            chunks = tf.split(outgoing, self.widths, axis=1, num=self.world_size)
-            flat = tf.concat([tf.reshape(chunk, [-1]) for chunk in chunks], axis=0)
-            received = self._from_wire(
-                self.collectives.alltoall(
-                    self._to_wire(flat),
-                    tf.stack([local_rows * w for w in self.widths]),
-                    name=_chunk_name("embedding_vector_gradients", chunk),
-                )
+    def _output_distribution_gradient(
+        self, gradient: tf.Tensor, local_rows: Any, chunk: int, exchanges: StepExchanges
+    ) -> tf.Tensor | None:
+        """The gradient [G, C] of this rank's shards' outputs, from that of the
+        vectors [L, sum of D_t]: the reverse alltoall, run by every rank on every
+        step; None when no vectors cross."""
+        if not self.exchanges_vectors:
+            return None
+        sent = []
+        for shards in self.sent:
+            for shard in shards:
+                table_gradient = self.table_columns(gradient, shard.table)
+                sent.append(PIECES[shard.kind].gradient(shard, table_gradient))
+        # [L, sum of widths]: for each destination rank, its shards' columns.
+        outgoing = tf.concat(sent, axis=1)  # not empty: some rank holds a shard
+        chunks = tf.split(outgoing, self.widths, axis=1, num=self.world_size)
+        flat = tf.concat([tf.reshape(chunk, [-1]) for chunk in chunks], axis=0)
+        received = self._from_wire(
+            exchanges.alltoall(
+                self._to_wire(flat),
+                tf.stack([local_rows * w for w in self.widths]),
+                name=_chunk_name("embedding_vector_gradients", chunk),
             )
-            # Sources in rank order: rows [j L, (j + 1) L) of this rank's [G, C] block.
-            block = tf.reshape(received, [local_rows * self.world_size, self.widths[self.rank]])
-        replicated = tuple(self.table_columns(gradient, t) for t in self.replicated_tables)
-        return block, replicated
+        )
+        # Sources in rank order: rows [j L, (j + 1) L) of this rank's [G, C] block.
+        return tf.reshape(received, [local_rows * self.world_size, self.widths[self.rank]])
+
+    # ------------------------------------------- the replicated tables' gradients
+
+    def _sum_replicated(
+        self, slices: dict[int, list[tf.IndexedSlices]], exchanges: StepExchanges
+    ) -> tuple[list[GradientPiece], tf.Tensor]:
+        """Each replicated table's gradient summed over the ranks, as the plan
+        costed it (`ShardingPlan.gradient_exchange`): a dense allreduce of the
+        [rows, D + 1] array of summed rows and lookup counts, or an allgather of
+        the rows each rank looked up. Returns the sums as pieces (only rows that
+        some rank looked up, as one process's gradient lists), and whether they
+        are finite."""
+        if not slices:
+            return [], tf.constant(True)
+        dense_tables, dense_arrays, pieces, checked = [], [], [], []
+        for t, parts in slices.items():
+            gradient = _concatenated(parts)
+            name = f"gradient_{self.shard_variables[self.replicated_targets[t]][0].name}"
+            if self.plan.gradient_exchange(t).method == "dense":
+                dense_tables.append(t)
+                dense_arrays.append((name, _with_counts(gradient, self.cardinalities[t])))
+                continue
+            values = exchanges.allgather(gradient.values, name=f"{name}_values")
+            indices = exchanges.allgather(gradient.indices, name=f"{name}_indices")
+            checked.append(values)
+            pieces.append(_rows_piece(self.replicated_targets[t], indices, values))
+        if dense_arrays:
+            names, arrays = zip(*dense_arrays, strict=True)
+            for t, summed in zip(dense_tables, exchanges.allreduce_sum(arrays, names), strict=True):
+                rows, values = _looked_up_rows(summed)
+                checked.append(values)
+                pieces.append(_rows_piece(self.replicated_targets[t], rows, values))
+        return pieces, all_finite(checked, self.use_kernels)
+
+
+def _concatenated(slices: list[tf.IndexedSlices]) -> tf.IndexedSlices:
+    if len(slices) == 1:
+        return slices[0]
+    return tf.IndexedSlices(
+        tf.concat([s.values for s in slices], 0),
+        tf.concat([s.indices for s in slices], 0),
+        slices[0].dense_shape,
+    )
+
+
+def _rows_piece(target: int, ids: tf.Tensor, values: tf.Tensor) -> GradientPiece:
+    """A piece with one gradient row per id, in order."""
+    rows = tf.range(tf.shape(ids)[0], dtype=tf.int32)
+    return GradientPiece(target, ids, rows, values, 0)
+
+
+def _with_counts(gradient: tf.IndexedSlices, rows: int) -> tf.Tensor:
+    """A replicated table's sparse gradient as a dense [rows, D + 1] array: the
+    summed gradient of each row, and how often the row was looked up."""
+    values = tf.math.unsorted_segment_sum(gradient.values, gradient.indices, rows)
+    ones = tf.ones_like(gradient.indices, dtype=values.dtype)[:, None]
+    counts = tf.math.unsorted_segment_sum(ones, gradient.indices, rows)
+    return tf.concat([values, counts], axis=1)
+
+
+def _looked_up_rows(summed: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+    """The rows of an allreduced `_with_counts` array that some rank looked up,
+    and their summed gradients: the rows one process's gradient lists (so lazy
+    optimizers leave the same rows alone)."""
+    rows = tf.cast(tf.where(summed[:, -1] > 0)[:, 0], tf.int32)
+    return rows, tf.gather(summed[:, :-1], rows)
 
 
 def _chunk_name(name: str, chunk: int) -> str:

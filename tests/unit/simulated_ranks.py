@@ -143,7 +143,8 @@ class SimulatedCollectives(Collectives):
             ]
 
         outputs = tf.numpy_function(body, tensors, [t.dtype for t in tensors], self.stateful)
-        return list(outputs)
+        # One output comes back as a tensor, not a list of one.
+        return [outputs] if isinstance(outputs, tf.Tensor) else list(outputs)
 
     # ------------------------------------------------------------- tensors
 
@@ -170,42 +171,23 @@ class SimulatedCollectives(Collectives):
         received.set_shape(tf.TensorShape([None]).concatenate(tensor.shape[1:]))
         return received
 
-    def allreduce_sum(self, tensors: Sequence[Any], names: Sequence[str]) -> list[Any]:
+    def allreduce_sum(self, tensors: Sequence[tf.Tensor], names: Sequence[str]) -> list[tf.Tensor]:
         if len(tensors) != len(names):
             raise ValueError(f"allreduce_sum: {len(tensors)} tensors, {len(names)} names")
-        flat, sparse = [], []
-        for tensor in tensors:
-            sparse.append(isinstance(tensor, tf.IndexedSlices))
-            flat += [tensor.values, tensor.indices] if sparse[-1] else [tensor]
+        tensors = [tf.convert_to_tensor(t) for t in tensors]
 
         def combine(everyone: list[list[np.ndarray]]) -> list[np.ndarray]:
-            out, position = [], 0
-            for is_sparse in sparse:  # IndexedSlices are allgathered, as Horovod does
-                width = 2 if is_sparse else 1
-                for part in range(width):
-                    arrays = [arrays[position + part] for arrays in everyone]
-                    out.append(np.concatenate(arrays) if is_sparse else sum(arrays))
-                position += width
-            return out
+            return [sum(arrays[i] for arrays in everyone) for i in range(len(tensors))]
 
-        reduced = iter(self._run("|".join(names), combine, flat))
-        results: list[Any] = []
-        for tensor, is_sparse in zip(tensors, sparse, strict=True):
-            if is_sparse:
-                values, indices = next(reduced), next(reduced)
-                values.set_shape(tf.TensorShape([None]).concatenate(tensor.values.shape[1:]))
-                indices.set_shape([None])
-                results.append(tf.IndexedSlices(values, indices, tensor.dense_shape))
-            else:
-                total = next(reduced)
-                total.set_shape(tensor.shape)
-                results.append(total)
+        results = self._run("|".join(names), combine, tensors)
+        for total, tensor in zip(results, tensors, strict=True):
+            total.set_shape(tensor.shape)
         return results
 
-    def allgather(self, tensor: tf.Tensor) -> tf.Tensor:
+    def allgather(self, tensor: tf.Tensor, name: str) -> tf.Tensor:
         tensor = tf.convert_to_tensor(tensor)
         (gathered,) = self._run(
-            "allgather", lambda everyone: [np.concatenate([a for (a,) in everyone])], [tensor]
+            name, lambda everyone: [np.concatenate([a for (a,) in everyone])], [tensor]
         )
         gathered.set_shape(tf.TensorShape([None]).concatenate(tensor.shape[1:]))
         return gathered
@@ -220,9 +202,6 @@ class SimulatedCollectives(Collectives):
 
     def allgather_object(self, value: Any, name: str) -> list[Any]:
         return self._exchange(name, value)
-
-    def broadcast_object(self, value: Any, name: str) -> Any:
-        return self._exchange(name, value)[0]
 
     def barrier(self) -> None:
         self._exchange("barrier", None)

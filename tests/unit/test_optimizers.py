@@ -82,15 +82,15 @@ def test_sparse_updates_sum_duplicates_and_touch_only_looked_up_rows(name: str) 
     np.testing.assert_array_equal(variable.numpy()[untouched], initial[untouched])
 
 
-def test_state_names_and_values() -> None:
+def test_slot_names_and_initial_values() -> None:
     variable = tf.Variable(tf.zeros([2, 3]), name="table")
     adam = Adam()
     adam.build([variable])
-    state = adam.state()
-    assert set(state) == {"iterations", "table/m", "table/v"}
+    assert list(adam.slots(variable)) == ["m", "v"]
+    assert adam.slots(variable)["v"].name.startswith("table.v")
     adagrad = Adagrad(initial_accumulator_value=0.3)
     adagrad.build([variable])
-    np.testing.assert_allclose(adagrad.state()["table/accumulator"], 0.3)
+    np.testing.assert_allclose(adagrad.slots(variable)["accumulator"].numpy(), 0.3)
     assert Sgd().slot_names == ()
 
 

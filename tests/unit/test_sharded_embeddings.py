@@ -19,10 +19,12 @@ import tensorflow as tf
 
 from dataloading.files import RaggedIds
 from dataloading.split_binary import Batch
+from dlrm.embedding.base import EmbeddingGradients, Embeddings
 from dlrm.embedding.local import LocalEmbeddings
 from dlrm.embedding.planner import TableSpec
 from dlrm.embedding.shard import ShardingKind
 from dlrm.embedding.sharded import ShardedEmbeddings
+from dlrm.embedding.update import piece_slices
 from dlrm.model import Dlrm, ModelConfig
 from dlrm.optimizers import create_optimizer
 from dlrm.precision import choose_precision
@@ -149,9 +151,9 @@ def lookup_on_rank(
     id_dtype: Any = np.int32,
     pooling: tuple[str, ...] | None = None,
 ) -> dict[str, Any]:
-    """One rank's vectors and shard gradients, by the three steps and the explicit
-    backward, as the trainer runs them (with `upstream_of(the reference's
-    upstream gradient)`)."""
+    """One rank's vectors and shard gradients, by the layer's forward and backward
+    passes as the trainer runs them (with `upstream_of(the reference's upstream
+    gradient)`); a replicated table's gradient is already summed over the ranks."""
     ref = reference(hotness, dims, pooling)
     rank, world = collectives.rank, collectives.world_size
     layer = ShardedEmbeddings(
@@ -165,35 +167,19 @@ def lookup_on_rank(
         output_dtype=output_dtype,
     )
     local_rows = GLOBAL_BATCH // world
-    variables = [v for _, v in layer.local_shards()]
 
     def step(ids: Any, upstream: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor, list[Any]]:
-        with tf.GradientTape() as tape:
-            routed = layer.input_distribution(ids, local_rows)
-            looked_up = layer.local_lookup(routed, local_rows)
-        vectors = layer.output_distribution(looked_up, local_rows)
+        lookup = layer.forward(ids, local_rows, [(0, None)])
+        vectors = lookup.chunks[0].vectors
         # The trainer's upstream gradient comes from the vectors, so each rank runs
         # its two alltoalls in turn (see simulated_ranks: a waiting collective
         # holds one of TensorFlow's few inter-op threads).
         with tf.control_dependencies([vectors]):
             upstream = tf.identity(upstream)
-        lookup_gradients = layer.output_distribution_gradient(upstream, local_rows)
-        gradients = tape.gradient(looked_up, variables, output_gradients=lookup_gradients)
-        # Used, as the trainer's finiteness check uses them: on a rank without
-        # model-parallel shards nothing else does, and the reverse alltoall the
-        # other ranks wait in would be pruned.
-        finite = tf.reduce_all(
-            [tf.reduce_all(tf.math.is_finite(g)) for g in tf.nest.flatten(lookup_gradients)]
-        )
-        # Densified: tf.function cannot return None or IndexedSlices of any shape.
-        return (
-            finite,
-            vectors,
-            [
-                tf.zeros_like(v) if g is None else tf.convert_to_tensor(g)
-                for v, g in zip(variables, gradients, strict=True)
-            ],
-        )
+        gradients = layer.backward(lookup, [upstream])
+        # The receipt is what the update consumes; here the test's output does.
+        done = tf.logical_and(gradients.finite, gradients.receipt == 0)
+        return done, vectors, dense_shard_gradients(layer, gradients)
 
     run = tf.function(step) if in_function else step
     upstream = tf.constant(local_rows_of(upstream_of(ref["upstream"]), rank, world))
@@ -210,6 +196,17 @@ def lookup_on_rank(
     }
 
 
+def dense_shard_gradients(layer: Embeddings, gradients: EmbeddingGradients) -> list[tf.Tensor]:
+    """The gradient of every shard in `layer.local_shards()`, densified from its
+    pieces (zeros for a shard no piece names)."""
+    shards = layer.local_shards()
+    dense = [tf.zeros(variable.shape) for _, variable in shards]
+    for piece in gradients.pieces:
+        shard = shards[piece.target][0]
+        dense[piece.target] += tf.convert_to_tensor(piece_slices(piece, shard))
+    return dense
+
+
 def check_against_one_process(
     results: list[dict[str, Any]],
     hotness: tuple[int, ...],
@@ -218,7 +215,7 @@ def check_against_one_process(
     pooling: tuple[str, ...] | None = None,
 ) -> None:
     ref = reference(hotness, dims, pooling)
-    replicated_sum: dict[int, np.ndarray] = {}
+    replicated: set[int] = set()
     covered = [np.zeros(t.shape, int) for t in ref["tables"]]
     for rank, result in enumerate(results):
         np.testing.assert_allclose(
@@ -229,11 +226,11 @@ def check_against_one_process(
             err_msg=f"rank {rank}'s vectors",
         )
         for shard, gradient in result["shards"]:
-            if shard.kind == ShardingKind.DATA_PARALLEL:  # summed over ranks by the trainer
-                replicated_sum[shard.table] = replicated_sum.get(shard.table, 0) + gradient
-                continue
             whole = (slice(*shard.rows), slice(*shard.columns))
-            covered[shard.table][whole] += 1
+            if shard.kind == ShardingKind.DATA_PARALLEL:  # summed over the ranks by the layer
+                replicated.add(shard.table)
+            else:
+                covered[shard.table][whole] += 1
             np.testing.assert_allclose(
                 gradient,
                 ref["gradients"][shard.table][whole],
@@ -241,16 +238,8 @@ def check_against_one_process(
                 atol=1e-6,
                 err_msg=f"rank {rank}'s gradient of {shard.name}",
             )
-    for table, gradient in replicated_sum.items():
-        np.testing.assert_allclose(
-            gradient,
-            ref["gradients"][table],
-            rtol=1e-5,
-            atol=1e-6,
-            err_msg=f"the replicated table {table}'s gradient summed over ranks",
-        )
     for table, count in enumerate(covered):  # each table model-parallel xor replicated
-        expected = 0 if table in replicated_sum else 1
+        expected = 0 if table in replicated else 1
         assert (count == expected).all(), f"table {table}: elements held {np.unique(count)} times"
 
 
@@ -404,14 +393,7 @@ def test_vectors_and_gradients_cross_in_16_bits_under_amp(
         np.testing.assert_array_equal(result["vectors"].astype(np.float32), want_vectors)
         for shard, gradient in result["shards"]:
             assert gradient.dtype == np.float32, shard.name  # the tables stay float32
-            if shard.kind == ShardingKind.DATA_PARALLEL:
-                # Its gradient is this rank's rows' part (summed over ranks later).
-                rows = local_rows_of(rounded_upstream, rank, 2)
-                ids = local_rows_of(ref["ids"][shard.table][:, 0], rank, 2)
-                want = np.zeros_like(ref["tables"][shard.table])
-                np.add.at(want, ids, rows[:, table_columns(UNIFORM_DIMS, [shard.table])])
-                np.testing.assert_allclose(gradient, want, rtol=1e-6, atol=1e-7)
-                continue
+            # A replicated table's is summed over the ranks' rows already.
             whole = (slice(*shard.rows), slice(*shard.columns))
             want = one_hot_gradient(ref, shard.table, rounded_upstream)[whole]
             np.testing.assert_allclose(gradient, want, rtol=1e-6, atol=1e-7, err_msg=shard.name)
@@ -721,19 +703,37 @@ def test_a_non_finite_step_on_one_rank_is_applied_on_none(poison: str, chunk_row
             np.testing.assert_array_equal(ours, theirs, err_msg=f"rank {rank} {shard.name}")
 
 
-def test_chunks_are_exchanged_only_where_vectors_cross() -> None:
-    """With every table replicated no vectors cross between the ranks: the
-    lookup stays one per batch (`chunk_ids` is None), not one per chunk."""
-
-    def work(collectives: SimulatedCollectives) -> list[bool]:
-        found = []
-        for kind in ("data_parallel", "idle_rank", "mixed"):
-            layer = ShardedEmbeddings(
-                plan_for(kind, specs(), 2, GLOBAL_BATCH), collectives, seed=SEED
-            )
-            ids = loader_ids(layer, global_ids(np.random.default_rng(0), HOTNESS), 0)
-            routed = layer.input_distribution(ids, GLOBAL_BATCH // 2)
-            found.append(layer.chunk_ids(routed, GLOBAL_BATCH // 2, 0, 2) is not None)
-        return found
-
-    assert run_ranks(2, work) == [[False, True, True]] * 2
+@pytest.mark.parametrize(
+    ("kind", "data_parallel_input", "hotness", "chunk_rows", "world_size"),
+    [
+        ("idle_rank", False, ONE_HOT, 0, 2),  # ranks 1.. hold no model-parallel shard
+        ("idle_rank", True, HOTNESS, 2, 3),  # and receive ids they have no use for
+        ("row_wise_rank", True, VARIABLE, 4, 2),  # a second id exchange: ragged ids
+        ("mixed", True, VARIABLE, 2, 3),
+        ("data_parallel", False, HOTNESS, 2, 2),  # no vectors cross at all
+    ],
+)
+def test_every_rank_runs_the_same_collectives_in_a_traced_step(
+    kind: str,
+    data_parallel_input: bool,
+    hotness: tuple[int, ...],
+    chunk_rows: int,
+    world_size: int,
+) -> None:
+    """The training step as TensorFlow runs it (one tf.function, Horovod-like
+    collectives that are not stateful ops) on ranks that hold different shards:
+    a rank whose graph lacked a collective another rank's has (pruned because
+    the rank does not use what it receives, or folded because it sends a
+    constant) would leave the others waiting, and `run_ranks` would report them
+    stuck. Every rank runs the same collectives, as often: the layer keeps its
+    exchanges alive itself (`StepExchanges`), whatever the trainer checks."""
+    results = run_ranks(
+        world_size,
+        lambda c: train_on_rank(c, kind, "adam", data_parallel_input, hotness, chunk_rows),
+        timeout_s=20,
+    )
+    names = [result["collectives"] for result in results]
+    assert all(theirs == names[0] for theirs in names), names
+    # The trainer's one allreduce per step: the verdicts with the dense gradients.
+    (trainer_sum,) = [name for name in names[0] if name.startswith("non_finite|")]
+    assert names[0][trainer_sum] == STEPS
