@@ -44,11 +44,11 @@ from benchmarks.collective_time import exposed, timeline_seconds
 from dataloading.split_binary import ShardSpec, SplitBinaryDataset
 from dataloading.synthetic import generate_split_binary
 from dlrm import precision
-from dlrm.app import build_session, model_config_for
 from dlrm.config import RunConfig
 from dlrm.dist import create_collectives
 from dlrm.model import ModelConfig
 from dlrm.reporting import MetricsLog
+from dlrm.session import build_session, model_config_for
 from feature_spec import FeatureSpec
 
 # The matmul whose best speed the achieved GFLOP/s are set against.

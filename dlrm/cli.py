@@ -29,10 +29,10 @@ from dlrm.config import (
     MIN_PIPELINED_CHUNK_ROWS,
     MODES,
     OPTIMIZERS,
-    SHARDING_STRATEGIES,
     ConfigError,
     RunConfig,
 )
+from dlrm.embedding.planner import STRATEGIES
 
 USAGE = """Trains, evaluates, benchmarks or exports a DLRM model.
 
@@ -111,7 +111,7 @@ flags.DEFINE_list(
 flags.DEFINE_enum(
     "sharding_strategy",
     _D("sharding_strategy"),
-    list(SHARDING_STRATEGIES),
+    list(STRATEGIES),
     "Embedding placement under horovodrun: cost-driven greedy, memory only, or round-robin.",
 )
 flags.DEFINE_integer(

@@ -15,11 +15,16 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from dlrm.embedding.planner import (
+    DEFAULT_COLUMN_SLICE_THRESHOLD,
+    DEFAULT_DATA_PARALLEL_THRESHOLD,
+    DEFAULT_ROW_SLICE_THRESHOLD,
+    STRATEGIES,
+)
 from feature_spec.staged import write_file_atomically
 
 MODES = ("train", "eval", "inference", "export")
 INPUT_MODES = ("model_parallel", "data_parallel")
-SHARDING_STRATEGIES = ("cost", "memory_balanced", "basic")
 OPTIMIZERS = ("sgd", "adagrad", "adam")
 INTERACTIONS = ("dot", "cross")
 POOLINGS = ("sum", "mean")
@@ -105,9 +110,9 @@ class RunConfig:
     pooling: tuple[str, ...] = ("sum",)  # of multi-hot rows: one, or one per table
     # Hybrid parallelism (under horovodrun); thresholds in elements (rows x dim)
     sharding_strategy: str = "cost"
-    data_parallel_threshold: int = 8192 * 128
-    column_slice_threshold: int = 2**30
-    row_slice_threshold: int = 2**33
+    data_parallel_threshold: int = DEFAULT_DATA_PARALLEL_THRESHOLD
+    column_slice_threshold: int = DEFAULT_COLUMN_SLICE_THRESHOLD
+    row_slice_threshold: int = DEFAULT_ROW_SLICE_THRESHOLD
     embedding_memory_budget_gib: float = 0.0  # per rank; 0: no limit
     bind_cpus: bool = True  # ranks sharing a host each on their own CPUs (dist.share_cpus)
     input_mode: str = "model_parallel"
@@ -220,8 +225,8 @@ def _validate(c: RunConfig) -> None:
     )
     _require(c.batch_size > 0, f"--batch_size: expected > 0, got {c.batch_size}")
     _require(
-        c.sharding_strategy in SHARDING_STRATEGIES,
-        f"--sharding_strategy: expected one of {', '.join(SHARDING_STRATEGIES)}, "
+        c.sharding_strategy in STRATEGIES,
+        f"--sharding_strategy: expected one of {', '.join(STRATEGIES)}, "
         f"got {c.sharding_strategy!r}",
     )
     _require(

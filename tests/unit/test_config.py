@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from absl import flags
 
-from dlrm.app import eval_steps
 from dlrm.config import DEFAULT_CPU_DENSE_CHUNK_ROWS, ConfigError, RunConfig, check_world_size
+from dlrm.training_loop import eval_steps
 
 
 def config(**overrides: object) -> RunConfig:
@@ -108,14 +108,6 @@ def test_flagfile_builds_the_config(tmp_path: Path) -> None:
     assert c.optimizer == "adam" and c.amp and not c.xla
     assert c.bottom_mlp_dims == (64, 16) and c.embedding_dim == (16,)
     assert c.learning_rate == 0.5 and c.top_mlp_dims == (1024, 1024, 512, 256, 1)
-
-
-def test_sharding_defaults_are_the_planners() -> None:
-    from dlrm.embedding import planner
-
-    assert RunConfig.default("data_parallel_threshold") == planner.DEFAULT_DATA_PARALLEL_THRESHOLD
-    assert RunConfig.default("column_slice_threshold") == planner.DEFAULT_COLUMN_SLICE_THRESHOLD
-    assert RunConfig.default("row_slice_threshold") == planner.DEFAULT_ROW_SLICE_THRESHOLD
 
 
 def test_flagfile_of_a_cross_model_with_per_table_widths(tmp_path: Path) -> None:

@@ -16,22 +16,25 @@ interaction, with tables of unequal widths `CROSS_WIDTHS`), mean (every table
 pools a row's vectors by mean: with variable-length tables, by their count),
 chunks (the dense part over chunks of `CHUNK_ROWS` of a rank's rows, their
 gradients summed; otherwise the whole batch at once).
-As main.py on CPUs, the model runs on the project's CPU kernels (dlrm.kernels);
-under xla all but the interaction's, which XLA's compiled dense part leaves out.
-A variable-length table is costed by the planner as 2 ids per row. Writes
-OUT/<RUN with : as _>/rank<r>.npz: dense weights by name, each shard as
-"table_<t>_<r0>_<r1>_<c0>_<c1>", the per-step losses and the rank's hostname.
+Each run is a `RunConfig`, assembled by `dlrm.session.build_session` as
+`dlrm-train` assembles it (a placement other than the planner's is written as a
+`--sharding_plan` file): the model runs on the project's CPU kernels as
+`dlrm-train` on CPUs does, under xla all but the interaction's, which XLA's
+compiled dense part leaves out. Writes OUT/<RUN with : as _>/rank<r>.npz: dense
+weights by name, each shard as "table_<t>_<r0>_<r1>_<c0>_<c1>", the per-step
+losses and the rank's hostname.
 """
 
+import dataclasses
 import socket
 import sys
 from pathlib import Path
 
-import keras
 import numpy as np
 
-from dataloading.split_binary import InputMode, ShardSpec, SplitBinaryDataset
-from dlrm.dist import create_collectives
+from dataloading.split_binary import SplitBinaryDataset
+from dlrm.config import RunConfig
+from dlrm.dist import Collectives, create_collectives
 from dlrm.embedding.planner import (
     PlannerConfig,
     ShardingPlan,
@@ -40,12 +43,9 @@ from dlrm.embedding.planner import (
     plan_sharding,
 )
 from dlrm.embedding.shard import ShardingKind, TableShard
-from dlrm.embedding.sharded import ShardedEmbeddings
-from dlrm.model import Dlrm, ModelConfig
-from dlrm.optimizers import create_optimizer, variable_name
-from dlrm.precision import choose_precision
-from dlrm.schedule import DlrmSchedule, ScheduleConfig
-from dlrm.trainer import Trainer
+from dlrm.optimizers import variable_name
+from dlrm.reporting import MetricsLog
+from dlrm.session import build_session, planning_hotness
 from feature_spec import FeatureSpec
 
 DIM = 6
@@ -71,12 +71,20 @@ def table_plan(t: int, spec: TableSpec, kind: str, world: int, rank: int = 0) ->
     return TablePlan(t, sharding, spec, shards)
 
 
+# The planner's threshold under the `planner` placement: the smallest tables replicated.
+PLANNER_DATA_PARALLEL_THRESHOLD = 10 * DIM
+LEARNING_RATES = {"sgd": 0.5, "adagrad": 0.1, "adam": 0.01}
+
+
 def plan_for(kind: str, specs: list[TableSpec], world: int, batch: int) -> ShardingPlan:
-    """The plan of `kind`; replicated tables' gradients are exchanged as the
-    planner's cost model chooses at `batch` (dense for the smallest tables)."""
+    """The plan of placement `kind`; replicated tables' gradients are exchanged as
+    the planner's cost model chooses at `batch` (dense for the smallest tables).
+    (A run of this script leaves `planner` to `build_session`, as `dlrm-train`.)"""
     if kind == "planner":
         config = PlannerConfig(
-            world_size=world, data_parallel_threshold=10 * DIM, global_batch_size=batch
+            world_size=world,
+            data_parallel_threshold=PLANNER_DATA_PARALLEL_THRESHOLD,
+            global_batch_size=batch,
         )
         return plan_sharding(specs, config)
     tables = []
@@ -100,13 +108,12 @@ def plan_for(kind: str, specs: list[TableSpec], world: int, batch: int) -> Shard
 def main() -> None:
     dataset, out, steps, batch = sys.argv[1:5]
     collectives = create_collectives()
-    spec = FeatureSpec.load(dataset)
     for run in sys.argv[5:]:
         kind, input_mode, optimizer, *variant = run.split(":")
         directory = Path(out) / run.replace(":", "_")
         directory.mkdir(parents=True, exist_ok=True)
         train(
-            spec,
+            dataset,
             collectives,
             kind,
             input_mode,
@@ -118,82 +125,72 @@ def main() -> None:
         )
 
 
-def model_config(spec: FeatureSpec, cross: bool, mean: bool = False) -> ModelConfig:
-    tables = len(spec.cardinalities)
-    return ModelConfig(
-        len(spec.numerical_features),
-        spec.cardinalities,
-        spec.hotness,
-        embedding_dim=tuple(CROSS_WIDTHS[t % 3] for t in range(tables)) if cross else DIM,
+def run_config(
+    dataset: str, kind: str, input_mode: str, optimizer: str, variant: set[str], batch: int
+) -> RunConfig:
+    """The flags of a run: the model, its variant, and under `planner` the
+    threshold that replicates the smallest tables."""
+    cross, tables = "cross" in variant, len(FeatureSpec.load(dataset).cardinalities)
+    return RunConfig(
+        dataset_path=dataset,
+        batch_size=batch,
+        optimizer=optimizer,
+        learning_rate=LEARNING_RATES[optimizer],
+        warmup_steps=0,
+        decay_start_step=0,
+        seed=1,
+        embedding_dim=tuple(CROSS_WIDTHS[t % 3] for t in range(tables)) if cross else (DIM,),
         bottom_mlp_dims=(9, DIM),
         top_mlp_dims=(11, 1),
         interaction="cross" if cross else "dot",
-        num_cross_layers=2 if cross else 0,
-        cross_layer_projection_dim=5 if cross else 0,
-        pooling="mean" if mean else "sum",
-    )
-
-
-def train(spec, collectives, kind, input_mode, optimizer, variant, steps, batch, directory) -> None:
-    rank, world = collectives.rank, collectives.world_size
-    config = model_config(spec, "cross" in variant, "mean" in variant)
-    keras.utils.set_random_seed(1)
-    data_parallel_input = input_mode == "data_parallel"
-    embeddings = None
-    precision = choose_precision("amp" in variant, has_gpu=False)
-    if kind != "local":
-        specs = [
-            TableSpec(rows, dim, h or 2)
-            for rows, dim, h in zip(
-                spec.cardinalities, config.embedding_dims, spec.hotness, strict=True
-            )
-        ]
-        plan = plan_for(kind, specs, world, batch)
-        embeddings = ShardedEmbeddings(
-            plan,
-            collectives,
-            seed=1,
-            data_parallel_input=data_parallel_input,
-            wire_dtype=precision.compute_dtype,  # as main.py: 16 bits under --amp
-            output_dtype=precision.compute_dtype,
-            hotness=spec.hotness,
-            pooling=config.poolings,
-        )
-    model = Dlrm(
-        config,
-        embeddings=embeddings,
-        dtype_policy=precision.dtype_policy,
-        seed=1,
-        use_xla="xla" in variant,
-        use_kernels=True,  # as main.py: the interaction's only where not compiled
-    )
-    lr = {"sgd": 0.5, "adagrad": 0.1, "adam": 0.01}[optimizer]
-    trainer = Trainer(
-        model,
-        create_optimizer(optimizer),
-        DlrmSchedule(ScheduleConfig(lr)),
-        precision,
-        batch,
-        use_xla="xla" in variant,
-        collectives=collectives,
+        num_cross_layers=2,
+        cross_layer_projection_dim=5,
+        pooling=("mean" if "mean" in variant else "sum",),
+        data_parallel_threshold=PLANNER_DATA_PARALLEL_THRESHOLD,
+        input_mode=input_mode,
+        amp="amp" in variant,
+        xla="xla" in variant,
         dense_chunk_rows=CHUNK_ROWS if "chunks" in variant else 0,
     )
-    collectives.broadcast_variables(trainer.dense_variables)
-    local_tables = None
-    if kind != "local" and not data_parallel_input:
-        local_tables = model.embeddings.input_tables
-    shard = ShardSpec(
-        batch,
-        rank,
-        world,
-        local_tables,
-        InputMode.DATA_PARALLEL if data_parallel_input else InputMode.MODEL_PARALLEL,
-    )
-    data = SplitBinaryDataset(spec, "train", shard).to_tf_dataset().take(steps)
-    losses = [float(trainer.train_step(b)) for b in data]
+
+
+def train(
+    dataset: str,
+    collectives: Collectives,
+    kind: str,
+    input_mode: str,
+    optimizer: str,
+    variant: set[str],
+    steps: int,
+    batch: int,
+    directory: Path,
+) -> None:
+    rank, world = collectives.rank, collectives.world_size
+    config = run_config(dataset, kind, input_mode, optimizer, variant, batch)
+    if kind not in ("local", "planner"):
+        # This placement, as a --sharding_plan file (each rank writes its own copy).
+        spec = FeatureSpec.load(dataset)
+        widths = tuple(CROSS_WIDTHS[t % 3] for t in range(len(spec.cardinalities)))
+        specs = [
+            TableSpec(rows, dim, hotness)
+            for rows, dim, hotness in zip(
+                spec.cardinalities,
+                widths if "cross" in variant else (DIM,) * len(widths),
+                planning_hotness(spec),
+                strict=True,
+            )
+        ]
+        plan_file = directory / f"plan_rank{rank}.json"
+        plan_for(kind, specs, world, batch).save(plan_file)
+        config = dataclasses.replace(config, sharding_plan=str(plan_file))
+    session = build_session(config, MetricsLog(None, None, enabled=False), collectives)
+    trainer = session.trainer
+    assert trainer is not None
+    data = SplitBinaryDataset(session.spec, "train", session.shard(batch)).to_tf_dataset()
+    losses = [float(trainer.train_step(b)) for b in data.take(steps)]
     trainer.check_finite()
     arrays = {variable_name(v): v.numpy() for v in trainer.dense_variables}
-    for s, variable in model.embeddings.local_shards():
+    for s, variable in session.model.embeddings.local_shards():
         key = f"table_{s.table}_{s.rows[0]}_{s.rows[1]}_{s.columns[0]}_{s.columns[1]}"
         arrays[key] = variable.numpy()
     arrays["losses"] = np.array(losses)

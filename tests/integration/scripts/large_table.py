@@ -28,12 +28,12 @@ import numpy as np
 import tensorflow as tf
 
 from dataloading.split_binary import Batch, ShardSpec, SplitBinaryDataset
-from dlrm.app import Session, build_session
 from dlrm.checkpoint import Checkpoint
 from dlrm.config import RunConfig
 from dlrm.embedding.base import assign_rows, read_rows
 from dlrm.embedding.initializer import initial_table_values
 from dlrm.reporting import MetricsLog
+from dlrm.session import Session, build_session
 from dlrm.training_state import restore_training_state, save_training_state
 
 BATCH = 16
