@@ -39,7 +39,7 @@ from dataloading.files import (
     check_offset_rows,
     check_ragged_id_rows,
 )
-from feature_spec import FeatureSpec
+from feature_spec import FeatureSpec, ids_dtype
 
 T = TypeVar("T")
 
@@ -167,8 +167,7 @@ class SplitBinaryDataset:
         self._one_hot = all(f.hotness == 1 for f in self.table_features)
         # Of the whole dataset, not of the tables read: every rank must agree
         # (ids cross the alltoall under data-parallel input).
-        wide = any(f.dtype == "int64" for f in categorical)
-        self.id_dtype = np.dtype(np.int64 if wide else np.int32)
+        self.id_dtype = ids_dtype(f.dtype for f in categorical)
         self._maps: dict[str, np.ndarray] | None = None
 
     # ------------------------------------------------------------------ sizes

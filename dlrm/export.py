@@ -23,12 +23,14 @@ import tensorflow as tf
 
 from dataloading.files import RaggedIds
 from dlrm.model import Dlrm
+from feature_spec import ids_dtype, minimal_categorical_dtype
 from feature_spec.staged import staged_directory
 
 
 def serving_id_dtype(cardinalities: tuple[int, ...]) -> tf.DType:
-    """int32 ids while every table's ids fit them, else int64."""
-    return tf.int64 if max(cardinalities, default=1) > 2**31 else tf.int32
+    """The loader's rule (`feature_spec.ids_dtype`) for tables stored as their
+    cardinalities need: int32 ids while every table's fit them, else int64."""
+    return tf.as_dtype(ids_dtype(minimal_categorical_dtype(c) for c in cardinalities))
 
 
 class _ServingModule(tf.Module):

@@ -15,7 +15,6 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from dlrm.config import POOLINGS, check_interaction
 from dlrm.embedding.local import LocalEmbeddings
 from dlrm.interaction import CHUNK_ROWS, CrossInteraction, DotInteraction
 
@@ -41,6 +40,9 @@ class ModelConfig:
     `cross_layer_projection_dim` 0 means full-rank cross layers. `hotness` is
     ids per row per table, 0 for a variable number; `pooling` ("sum" or "mean",
     one, or one per table) how a row's vectors are pooled.
+
+    The settings' values are validated where they enter, as flags (`RunConfig`);
+    here only what needs the dataset's tables: one value, or one per table.
     """
 
     num_numerical: int
@@ -65,8 +67,6 @@ class ModelConfig:
                 )
             pooling = pooling[0] if len(set(pooling)) == 1 else tuple(pooling)
             object.__setattr__(self, "pooling", pooling)
-        if any(p not in POOLINGS for p in self.poolings):
-            raise ValueError(f"--pooling: expected sum or mean, got {self.pooling}")
         dims = self.embedding_dim
         if isinstance(dims, (tuple, list)):
             if len(dims) not in (1, len(self.cardinalities)):
@@ -79,25 +79,10 @@ class ModelConfig:
                 object.__setattr__(self, "embedding_dim", int(dims[0]))
             else:
                 object.__setattr__(self, "embedding_dim", tuple(int(d) for d in dims))
-        width = self.embedding_dim
-        check_interaction(
-            self.interaction,
-            width if isinstance(width, tuple) else (width,),
-            self.bottom_mlp_dims[-1] if self.bottom_mlp_dims else None,
-            self.num_cross_layers,
-            self.cross_layer_projection_dim,
-        )
         if self.interaction == "dot" and (self.num_cross_layers or self.cross_layer_projection_dim):
             raise ValueError(
                 "num_cross_layers, cross_layer_projection_dim: expected 0 for the dot "
                 f"interaction, got {self.num_cross_layers} and {self.cross_layer_projection_dim}"
-            )
-        if any(d <= 0 for d in self.embedding_dims):
-            raise ValueError(f"--embedding_dim: expected positive widths, got {self.embedding_dim}")
-        if not self.top_mlp_dims or self.top_mlp_dims[-1] != 1:
-            raise ValueError(
-                f"--top_mlp_dims: the last width must be 1 (the click logit), "
-                f"got {list(self.top_mlp_dims)}"
             )
         if len(self.hotness) != len(self.cardinalities):
             raise ValueError(
@@ -188,12 +173,16 @@ class Dlrm(keras.Model):
         use_xla: the dense part will be compiled by XLA (`--xla`): the dot
             interaction then runs its products over the whole batch, not in
             chunks (see `dlrm.interaction`).
+        on_gpu: the model runs on a GPU: the dot interaction's products run over
+            the whole batch there too (its chunks are a CPU's cache tuning; a
+            GPU wants large matrices).
         use_kernels: the project's CPU kernels (`dlrm.kernels`; the caller
             checks that they are built and that the model runs on CPUs): the
             dot interaction runs on its kernel (not under `use_xla`, which
             compiles TensorFlow's ops only), the default embeddings look one-hot
-            ids up with one op (`LocalEmbeddings`), and the trainer checks the
-            gradients with `DlrmAllFinite` and applies SGD with the kernels.
+            ids up with one op (`LocalEmbeddings`; a given layer has its own
+            `use_kernels`), and the trainer checks the gradients with
+            `DlrmAllFinite`.
     """
 
     def __init__(
@@ -204,6 +193,7 @@ class Dlrm(keras.Model):
         seed: int = 0,
         use_xla: bool = False,
         use_kernels: bool = False,
+        on_gpu: bool = False,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -234,7 +224,7 @@ class Dlrm(keras.Model):
                 dtype=dtype_policy,
             )
         else:
-            chunk_rows = None if use_xla else CHUNK_ROWS
+            chunk_rows = None if use_xla or on_gpu else CHUNK_ROWS
             self.interaction = DotInteraction(
                 chunk_rows=chunk_rows, use_kernel=use_kernels and not use_xla, dtype=dtype_policy
             )

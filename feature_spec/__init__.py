@@ -22,7 +22,9 @@ from feature_spec.spec import (
     Feature,
     FeatureSpec,
     SplitFiles,
+    ids_dtype,
     minimal_categorical_dtype,
+    offsets_file_name,
 )
 
 __all__ = [
@@ -45,5 +47,7 @@ __all__ = [
     "SplitFiles",
     "build_split_binary_spec",
     "criteo_feature_spec",
+    "ids_dtype",
     "minimal_categorical_dtype",
+    "offsets_file_name",
 ]

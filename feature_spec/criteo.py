@@ -19,6 +19,7 @@ from feature_spec.spec import (
     Feature,
     FeatureSpec,
     minimal_categorical_dtype,
+    offsets_file_name,
 )
 
 CRITEO_NUM_NUMERICAL = 13
@@ -89,7 +90,7 @@ def build_split_binary_spec(
             chunks.append(Chunk(SPLIT_BINARY, numerical, (f"{mapping}/{NUMERICAL_FILE}",)))
         for name, hot in zip(categorical, hotness, strict=True):
             files = [f"{mapping}/{name}.bin"] + (
-                [f"{mapping}/{name}.offsets.bin"] if hot == 0 else []
+                [f"{mapping}/{offsets_file_name(f'{name}.bin')}"] if hot == 0 else []
             )
             chunks.append(Chunk(SPLIT_BINARY, (name,), tuple(files)))
         source_spec[mapping] = tuple(chunks)

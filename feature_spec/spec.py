@@ -60,6 +60,22 @@ _CHANNEL_DTYPES = {
 }
 
 
+def offsets_file_name(ids_file_name: str) -> str:
+    """The row offsets' file of a variable-length feature whose ids are in
+    `ids_file_name` (`cat_3.bin` -> `cat_3.offsets.bin`)."""
+    stem = ids_file_name[: -len(".bin")] if ids_file_name.endswith(".bin") else ids_file_name
+    return f"{stem}.offsets.bin"
+
+
+def ids_dtype(dtypes: Iterable[str]) -> np.dtype:
+    """The one dtype in which every table's ids come, given how the tables'
+    ids are stored: int64 when any table's are (its cardinality needs them, or
+    the dataset chose them), else int32. The loader gives batches in it, and a
+    SavedModel takes it (from the dtypes `minimal_categorical_dtype` gives its
+    tables)."""
+    return np.dtype(np.int64 if any(d == "int64" for d in dtypes) else np.int32)
+
+
 def minimal_categorical_dtype(cardinality: int) -> str:
     """The smallest signed integer dtype that holds ids in [0, cardinality)."""
     if not isinstance(cardinality, int) or isinstance(cardinality, bool) or cardinality < 1:

@@ -38,6 +38,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from feature_spec import offsets_file_name
 from feature_spec.criteo import LABEL_FILE, NUMERICAL_FILE, categorical_name
 from feature_spec.staged import staged_directory
 from preproc.vocabulary import ID_COLUMN, VALUE_COLUMN
@@ -51,8 +52,8 @@ def categorical_file(index: int) -> str:
 
 
 def categorical_offsets_file(index: int) -> str:
-    """The row offsets of a variable-length feature (as feature_spec names them)."""
-    return f"{categorical_name(index)}.offsets.bin"
+    """The row offsets of a variable-length feature."""
+    return offsets_file_name(categorical_file(index))
 
 
 def _lengths_file(index: int) -> str:

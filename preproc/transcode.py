@@ -37,6 +37,7 @@ from feature_spec import (
     VARIABLE_HOTNESS,
     FeatureSpec,
     FeatureSpecError,
+    offsets_file_name,
 )
 from preproc.cli import add_output_flags, add_spark_flags, run_cli, run_with_spark
 from preproc.config import (
@@ -158,7 +159,7 @@ def _stand_in_files(name: str, features: Any) -> list[str]:
     entries = {str(k): v for k, v in features.items()} if isinstance(features, Mapping) else {}
     entry = entries.get(name)
     variable = isinstance(entry, Mapping) and entry.get("hotness") == VARIABLE_HOTNESS
-    return [f"{name}.bin", f"{name}.offsets.bin"] if variable else [f"{name}.bin"]
+    return [f"{name}.bin", offsets_file_name(f"{name}.bin")] if variable else [f"{name}.bin"]
 
 
 def parse_inputs(items: Sequence[str]) -> dict[str, list[Path]]:

@@ -6,6 +6,7 @@ import copy
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import yaml
 
@@ -336,3 +337,14 @@ def test_cardinality_on_numerical_feature(tmp_path: Path) -> None:
     raw = valid()
     raw["feature_spec"]["num_0"]["cardinality"] = 5
     assert "apply to categorical features only" in load_error(tmp_path, raw)
+
+
+def test_one_rule_names_the_offsets_file_and_the_ids_dtype() -> None:
+    from feature_spec import ids_dtype, minimal_categorical_dtype, offsets_file_name
+
+    assert offsets_file_name("cat_3.bin") == "cat_3.offsets.bin"
+    assert ids_dtype(["int8", "int16", "int32"]) == np.int32
+    assert ids_dtype(["int8", "int64"]) == np.int64  # one wide table: every table's
+    # What the loader gives a dataset stored as its cardinalities need, a SavedModel takes.
+    assert ids_dtype([minimal_categorical_dtype(c) for c in (10, 2**31)]) == np.int32
+    assert ids_dtype([minimal_categorical_dtype(c) for c in (10, 2**31 + 1)]) == np.int64
