@@ -3,24 +3,31 @@
 Layout of `<root>/step_<step:09d>/`:
 
 - `manifest.json`: format version, step, the run config, model config,
-  optimizer, the embedding tables and their shards, and the sha256 and size of
-  every other file. It is written last.
+  optimizer, the sharding plan, the embedding tables and their shards, and the
+  sha256 and size of every other file. It is written last.
 - `dense.npz`: dense weights, their optimizer slots and the trainer's counters,
   by name (no pickle).
 - `embeddings/<TableShard.name>.npy` (`table_<t>.rows_<r0>_<r1>.cols_<c0>_<c1>.npy`):
   one file per table shard, and one per optimizer slot of it (`....<slot>.npy`).
-  A shard's manifest entry is `TableShard.to_dict()` with `file` and `slots`
-  added. One process writes one shard per table (the whole table); sharded runs
-  write several, and `restore_table_slice` streams any [rows, columns] slice
-  from whatever shards a checkpoint has, in row chunks of bounded size, which
-  is what restoring on another number of ranks needs. Writing streams too: a
-  shard is written (and hashed) in row chunks read from a `RowReader`, so
-  neither direction needs a copy of a table.
+
+The manifest lists each shard once, as a `StoredShard` (its `TableShard` with the
+files) under its `StoredTable`; the plan it stores leaves the shards out
+(`ShardingPlan.to_dict(with_shards=False)`, and `Checkpoint.plan` puts them
+back). One process writes one shard per table (the whole table); sharded runs
+write several, and `restore_table_slice` streams any [rows, columns] slice from
+whatever shards a checkpoint has, in row chunks of bounded size, which is what
+restoring on another number of ranks needs. Writing streams too: a shard is
+written (and hashed) in row chunks read from a `RowReader`, so neither direction
+needs a copy of a table. The writer and the reader check a table's shards with
+`dlrm.embedding.shard`'s tiling checks, as the planner does: no two overlap, and
+a restored slice is covered whole.
 
 Opening a checkpoint reads and checks the manifest only. Each data file is
 checked against its size and sha256 the first time it is read (once per
 `Checkpoint`), so a rank verifies the files it reads and no others;
-`Checkpoint.verify` checks every file.
+`Checkpoint.verify` checks every file. Manifests of format 1 (whose plan lists
+the shards again, and whose oldest shard entries lack `table`, `kind` and
+`rank`) read as well.
 
 A checkpoint is built in `<root>/.step_<step>.partial` and renamed into place,
 so a crash never leaves a directory that looks whole; older checkpoints beyond
@@ -30,6 +37,7 @@ so a crash never leaves a directory that looks whole; older checkpoints beyond
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import io
 import json
@@ -42,10 +50,21 @@ from typing import Any, BinaryIO, NamedTuple
 
 import numpy as np
 
-from dlrm.embedding.shard import Range, TableShard
+from dlrm.embedding.planner import PlanError, ShardingPlan
+from dlrm.embedding.shard import (
+    Range,
+    ShardError,
+    ShardingKind,
+    TableShard,
+    check_covers,
+    check_disjoint,
+    range_intersection,
+)
 from feature_spec.staged import publish, staging_path, start_staging
 
-FORMAT_VERSION = 1
+# 2: the plan leaves out the shards, which the manifest lists under `tables`.
+FORMAT_VERSION = 2
+READABLE_VERSIONS = (1, 2)
 MANIFEST = "manifest.json"
 DENSE_FILE = "dense.npz"
 # Rows restored per `assign` call, or written per read, are sized to about
@@ -72,6 +91,84 @@ def shard_file_name(shard: TableShard) -> str:
     """`embeddings/table_<t>.rows_<r0>_<r1>.cols_<c0>_<c1>`, without the `.npy`
     (slot files add `.<slot>`)."""
     return f"embeddings/{shard.name}"
+
+
+@dataclasses.dataclass(frozen=True)
+class StoredShard:
+    """A table shard in a checkpoint: the part of the table it holds (`shard`),
+    the file of its values and the file of each optimizer slot, by slot name
+    (paths relative to the checkpoint)."""
+
+    shard: TableShard
+    file: str
+    slots: Mapping[str, str]
+
+    def to_dict(self) -> dict[str, Any]:
+        """Its manifest entry: `TableShard.to_dict()` with `file` and `slots`."""
+        return {**self.shard.to_dict(), "file": self.file, "slots": dict(self.slots)}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], **defaults: Any) -> StoredShard:
+        """The inverse of `to_dict`; `defaults` fill the `TableShard` keys that
+        format 1's oldest entries lack. Raises ShardError, KeyError, TypeError."""
+        slots = data.get("slots", {})
+        if not isinstance(slots, Mapping):
+            raise TypeError(f"slots: expected slot name -> file, got {slots!r}")
+        shard = TableShard.from_dict(data, **defaults)
+        return cls(shard, str(data["file"]), {str(k): str(v) for k, v in slots.items()})
+
+
+@dataclasses.dataclass(frozen=True)
+class StoredTable:
+    """Table `table` of `shape` [rows, columns] in a checkpoint, and the shards of
+    it the checkpoint holds, in (rows, columns) order once published."""
+
+    table: int
+    shape: tuple[int, int]
+    shards: tuple[StoredShard, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "index": self.table,
+            "shape": list(self.shape),
+            "shards": [shard.to_dict() for shard in self.shards],
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], version: int) -> StoredTable:
+        """The inverse of `to_dict`, for a manifest of format `version`. Raises
+        ShardError, KeyError, TypeError or ValueError if `data` is not one."""
+        table = int(data["index"])
+        rows, columns = (int(n) for n in data["shape"])
+        shards = []
+        for entry in data["shards"]:
+            if version > 1:
+                shards.append(StoredShard.from_dict(entry))
+                continue
+            # Format 1's oldest entries lack table, kind and rank, which reading
+            # does not need: the table's, the kind its place implies, rank 0.
+            defaults = {"table": table, "kind": ShardingKind.TABLE_WISE, "rank": 0}
+            stored = StoredShard.from_dict(entry, **defaults)
+            if "kind" not in entry:
+                kind = _kind_of(stored.shard, (rows, columns))
+                stored = dataclasses.replace(
+                    stored, shard=dataclasses.replace(stored.shard, kind=kind)
+                )
+            shards.append(stored)
+        return cls(table, (rows, columns), tuple(shards))
+
+    def in_order(self) -> StoredTable:
+        """The same table with its shards in (rows, columns) order."""
+        ordered = sorted(self.shards, key=lambda s: (s.shard.rows, s.shard.columns))
+        return dataclasses.replace(self, shards=tuple(ordered))
+
+
+def _kind_of(shard: TableShard, shape: tuple[int, int]) -> ShardingKind:
+    """The kind that `shard`'s place in a table of `shape` implies."""
+    full_rows, full_columns = shard.rows == (0, shape[0]), shard.columns == (0, shape[1])
+    if full_rows and full_columns:
+        return ShardingKind.TABLE_WISE
+    return ShardingKind.COLUMN_WISE if full_rows else ShardingKind.ROW_WISE
 
 
 def _sha256(path: Path) -> str:
@@ -126,6 +223,11 @@ def _write_npy_rows(
     return {"sha256": digest.hexdigest(), "bytes": size}
 
 
+def _placed(shards: Iterable[TableShard]) -> list[str]:
+    """`['table_0.rows_0_23.cols_0_4 (column_wise, rank 0)', ...]`, sorted."""
+    return sorted(f"{s.name} ({s.kind}, rank {s.rank})" for s in shards)
+
+
 def step_directory_name(step: int) -> str:
     return f"step_{step:09d}"
 
@@ -148,12 +250,13 @@ class CheckpointWriter:
             start_staging(self.final, overwrite=True)
             (self.staging / "embeddings").mkdir()
         self._files: dict[str, dict[str, Any]] = {}
-        self._tables: dict[int, dict[str, Any]] = {}
+        self._tables: dict[int, StoredTable] = {}
 
     def contents(self) -> dict[str, Any]:
-        """What this writer added: files with their checksums, and table shards
-        (gathered from every rank by rank 0 before `commit`)."""
-        return {"files": dict(self._files), "tables": self._tables}
+        """What this writer added: `files` with their checksums, and `tables`
+        (table -> `StoredTable` of the shards it wrote); rank 0 gathers every
+        rank's before `commit`."""
+        return {"files": dict(self._files), "tables": dict(self._tables)}
 
     def _written(self, relative: str, checksum: dict[str, Any] | None = None) -> None:
         """Syncs a finished file and records its checksum (`checksum` when its
@@ -190,11 +293,11 @@ class CheckpointWriter:
         """
         if chunk_bytes < 1:
             raise ValueError(f"chunk_bytes must be positive, got {chunk_bytes}")
-        table_rows, table_columns = table_shape
-        if shard.rows[1] > table_rows or shard.columns[1] > table_columns:
+        table_shape = (int(table_shape[0]), int(table_shape[1]))
+        if not shard.fits(table_shape):
             raise CheckpointError(
-                f"{shard.name}: rows {list(shard.rows)} x columns {list(shard.columns)} lie "
-                f"outside table {shard.table} of shape {list(table_shape)}"
+                f"{shard.name}: {shard.describe()} lie outside table {shard.table} of shape "
+                f"{list(table_shape)}"
             )
         expected = (shard.height, shard.width)
         for name, array in [("values", values), *slots.items()]:
@@ -202,11 +305,11 @@ class CheckpointWriter:
                 raise CheckpointError(
                     f"{shard.name}: {name} has shape {tuple(array.shape)}, expected {expected}"
                 )
-        earlier = self._tables.get(shard.table, {"shape": list(table_shape)})["shape"]
-        if earlier != list(table_shape):
+        entry = self._tables.get(shard.table, StoredTable(shard.table, table_shape, ()))
+        if entry.shape != table_shape:
             raise CheckpointError(
                 f"{shard.name}: table shape {list(table_shape)}, an earlier shard of table "
-                f"{shard.table} said {earlier}"
+                f"{shard.table} said {list(entry.shape)}"
             )
         base = shard_file_name(shard)
         chunk_rows = max(1, chunk_bytes // (4 * max(shard.width, 1)))
@@ -218,11 +321,30 @@ class CheckpointWriter:
                     handle, f"{shard.name} {name}", source, expected, chunk_rows
                 )
             self._written(relative, checksum)
-        slot_files = {slot: files[slot] for slot in slots}
-        entry = self._tables.setdefault(
-            shard.table, {"index": shard.table, "shape": list(table_shape), "shards": []}
-        )
-        entry["shards"].append({**shard.to_dict(), "file": files["values"], "slots": slot_files})
+        stored = StoredShard(shard, files["values"], {slot: files[slot] for slot in slots})
+        self._tables[shard.table] = dataclasses.replace(entry, shards=(*entry.shards, stored))
+
+    def _plan_without_shards(
+        self, data: Mapping[str, Any], tables: Sequence[StoredTable]
+    ) -> dict[str, Any]:
+        """The plan `data` as the manifest stores it, without its shards, after
+        checking that the shards written are the plan's: every shard of a
+        model-parallel table, rank 0's copy of a data-parallel one."""
+        try:
+            plan = ShardingPlan.from_dict(data)
+        except PlanError as error:
+            raise CheckpointError(f"{self.staging}: the manifest's plan: {error}") from error
+        written = {t.table: {stored.shard for stored in t.shards} for t in tables}
+        for table in sorted({t.table for t in plan.tables} | set(written)):
+            planned = plan.tables[table].shards if table < len(plan.tables) else ()
+            expected = {s for s in planned if s.kind.is_model_parallel or s.rank == 0}
+            if written.get(table, set()) != expected:
+                raise CheckpointError(
+                    f"{self.staging}: table {table}: the plan needs shards "
+                    f"{_placed(expected)} written, the ranks wrote "
+                    f"{_placed(written.get(table, set()))}"
+                )
+        return plan.to_dict(with_shards=False)
 
     def commit(
         self,
@@ -234,31 +356,44 @@ class CheckpointWriter:
 
         Args:
             fields: JSON-serialisable manifest entries (config, model, optimizer, ...).
+                A `plan` (`ShardingPlan.to_dict()`, or None) is stored without its
+                shards, which must be those written: the manifest lists them once.
             keep: keep this many newest checkpoints under `root` (0: keep all).
             gathered: every rank's `contents()` when several ranks wrote into
                 the staging directory; this writer's own by default.
+
+        Raises:
+            CheckpointError: ranks wrote a table with different shapes, shards
+                overlap, or the shards written are not the plan's; nothing is
+                published then.
         """
         files: dict[str, Any] = {}
-        tables: dict[int, dict[str, Any]] = {}
+        tables: dict[int, StoredTable] = {}
         for part in gathered if gathered is not None else [self.contents()]:
             files.update(part["files"])
             for table, entry in part["tables"].items():
-                merged = tables.setdefault(int(table), {**entry, "shards": []})
-                if merged["shape"] != entry["shape"]:
+                merged = tables.setdefault(table, dataclasses.replace(entry, shards=()))
+                if merged.shape != entry.shape:
                     raise CheckpointError(
                         f"{self.staging}: ranks wrote table {table} with shapes "
-                        f"{merged['shape']} and {entry['shape']}"
+                        f"{list(merged.shape)} and {list(entry.shape)}"
                     )
-                merged["shards"].extend(entry["shards"])
-        for entry in tables.values():
-            entry["shards"].sort(key=lambda shard: (shard["rows"], shard["columns"]))
+                tables[table] = dataclasses.replace(merged, shards=merged.shards + entry.shards)
+        stored = [tables[t].in_order() for t in sorted(tables)]
+        for entry in stored:
+            try:
+                check_disjoint(entry.table, entry.shape, [s.shard for s in entry.shards])
+            except ShardError as error:
+                raise CheckpointError(f"{self.staging}: {error}") from error
         manifest = {
             "format_version": FORMAT_VERSION,
             "step": self.step,
             **fields,
-            "tables": [tables[t] for t in sorted(tables)],
+            "tables": [entry.to_dict() for entry in stored],
             "files": {name: files[name] for name in sorted(files)},
         }
+        if fields.get("plan") is not None:
+            manifest["plan"] = self._plan_without_shards(fields["plan"], stored)
         manifest_path = self.staging / MANIFEST
         manifest_path.write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
         _fsync(manifest_path)
@@ -309,19 +444,12 @@ class _NpyLayout(NamedTuple):
 
 
 class _Piece(NamedTuple):
-    """The part of a requested slice that one shard file holds: `rows` x `columns`
-    (table coordinates) of the shard `shard_rows` x `shard_columns` in `file`."""
+    """The part of a requested slice that one shard file holds: `part` (table
+    coordinates) of `shard`, whose values (or slot) are in `file`."""
 
     file: str
-    shard_rows: Range
-    shard_columns: Range
-    rows: Range
-    columns: Range
-
-
-def _intersection(a: Range, b: Range) -> Range | None:
-    start, stop = max(a[0], b[0]), min(a[1], b[1])
-    return (start, stop) if start < stop else None
+    shard: TableShard
+    part: TableShard
 
 
 def _read_exact(handle: io.FileIO, path: Path, offset: int, out: np.ndarray) -> None:
@@ -342,7 +470,8 @@ class Checkpoint:
     """A checkpoint opened for reading.
 
     Opening reads and checks the manifest only (format, keys, the shards of each
-    table: inside the table, not overlapping, their files listed). With `verify`
+    table: inside the table, not overlapping, their files listed); `tables`
+    holds what it lists, as `StoredTable`s. With `verify`
     (the default), each data file is checked against the manifest's size and
     sha256 the first time this object reads it, before its data is used; a
     mismatch raises `CheckpointError` naming the file. `verify()` checks every
@@ -365,11 +494,12 @@ class Checkpoint:
                     f"by this tool (format version {FORMAT_VERSION}){self._previous_hint()}"
                 )
         version = self.manifest["format_version"]
-        if version != FORMAT_VERSION:
+        if version not in READABLE_VERSIONS:
             raise CheckpointError(
-                f"{manifest_path}: format_version {version}, this tool reads {FORMAT_VERSION}"
+                f"{manifest_path}: format_version {version}, this tool reads "
+                f"{' and '.join(map(str, READABLE_VERSIONS))}"
             )
-        self._check_tables()
+        self.tables: Mapping[int, StoredTable] = self._read_tables(version)
         self._verify_reads = verify
         self._verified: set[str] = set()
         self._layouts: dict[str, _NpyLayout] = {}
@@ -385,48 +515,47 @@ class Checkpoint:
             f"--restore_checkpoint_path {older[-1]} to restore it instead"
         )
 
-    def _check_tables(self) -> None:
-        """The table entries are well formed; each table's shards lie inside it
-        and do not overlap (so summed areas tell coverage), and every file they
-        name is listed with a checksum. Shard entries written before shards
-        carried `kind` and `rank` need only `rows`, `columns`, `file`, `slots`."""
+    def _read_tables(self, version: int) -> dict[int, StoredTable]:
+        """The manifest's tables, checked: well formed, each listed once, each
+        table's shards inside it and not overlapping (so summed areas tell
+        coverage), and every file they name listed with a checksum."""
         manifest_path = self.path / MANIFEST
         listed = self.manifest["files"]
-        for entry in self.manifest["tables"]:
+        tables: dict[int, StoredTable] = {}
+        for data in self.manifest["tables"]:
             try:
-                table = int(entry["index"])
-                height, width = (int(n) for n in entry["shape"])
-                rectangles = [
-                    (_range(shard["rows"]), _range(shard["columns"])) for shard in entry["shards"]
-                ]
-                files = [
-                    name
-                    for shard in entry["shards"]
-                    for name in [shard["file"], *shard.get("slots", {}).values()]
-                ]
+                entry = StoredTable.from_dict(data, version)
             except (AttributeError, KeyError, TypeError, ValueError) as error:
                 raise CheckpointError(
-                    f"{manifest_path}: malformed table entry {str(entry)[:200]} ({error!r})"
+                    f"{manifest_path}: malformed table entry {str(data)[:200]} ({error})"
                 ) from error
-            for index, (rows, columns) in enumerate(rectangles):
-                if not (0 <= rows[0] < rows[1] <= height and 0 <= columns[0] < columns[1] <= width):
-                    raise CheckpointError(
-                        f"{manifest_path}: table {table} of shape {[height, width]} has a shard "
-                        f"rows {list(rows)} x columns {list(columns)} outside it"
-                    )
-                for other_rows, other_columns in rectangles[:index]:
-                    if _intersection(rows, other_rows) and _intersection(columns, other_columns):
+            if entry.table in tables:
+                raise CheckpointError(f"{manifest_path}: table {entry.table} is listed twice")
+            try:
+                check_disjoint(entry.table, entry.shape, [stored.shard for stored in entry.shards])
+            except ShardError as error:
+                raise CheckpointError(f"{manifest_path}: {error}") from error
+            for stored in entry.shards:
+                for name in [stored.file, *stored.slots.values()]:
+                    if name not in listed:
                         raise CheckpointError(
-                            f"{manifest_path}: table {table} has overlapping shards rows "
-                            f"{list(rows)} x columns {list(columns)} and rows "
-                            f"{list(other_rows)} x columns {list(other_columns)}"
+                            f"{manifest_path}: table {entry.table} names {name}, which has no "
+                            f"entry under 'files'{self._previous_hint()}"
                         )
-            for name in files:
-                if name not in listed:
-                    raise CheckpointError(
-                        f"{manifest_path}: table {table} names {name}, which has no entry "
-                        f"under 'files'{self._previous_hint()}"
-                    )
+            tables[entry.table] = entry
+        return tables
+
+    @property
+    def plan(self) -> ShardingPlan | None:
+        """The sharding plan of the ranks that wrote it; None when one process did."""
+        data = self.manifest.get("plan")
+        if data is None:
+            return None
+        shards = [stored.shard for table in self.tables.values() for stored in table.shards]
+        try:
+            return ShardingPlan.from_dict(data, shards=shards)
+        except PlanError as error:
+            raise CheckpointError(f"{self.path / MANIFEST}: plan: {error}") from error
 
     # ----------------------------------------------------------- verification
 
@@ -506,15 +635,16 @@ class Checkpoint:
 
     # ------------------------------------------------------------- embeddings
 
-    def _table(self, table: int) -> dict[str, Any]:
-        for entry in self.manifest["tables"]:
-            if entry["index"] == table:
-                return dict(entry)
-        raise CheckpointError(f"{self.path / MANIFEST}: no embedding table {table}")
+    def _table(self, table: int) -> StoredTable:
+        if table not in self.tables:
+            raise CheckpointError(
+                f"{self.path / MANIFEST}: no embedding table {table} (it has tables "
+                f"{sorted(self.tables)})"
+            )
+        return self.tables[table]
 
     def table_shape(self, table: int) -> tuple[int, int]:
-        rows, dim = self._table(table)["shape"]
-        return int(rows), int(dim)
+        return self._table(table).shape
 
     def _pieces(self, table: int, rows: Range, columns: Range, slot: str | None) -> list[_Piece]:
         """The shard files holding the requested slice, each with its part of it;
@@ -525,26 +655,21 @@ class Checkpoint:
                 f"{list(columns)}"
             )
         pieces = []
-        for shard in self._table(table)["shards"]:
-            shard_rows, shard_columns = _range(shard["rows"]), _range(shard["columns"])
-            overlap_rows = _intersection(rows, shard_rows)
-            overlap_columns = _intersection(columns, shard_columns)
-            if overlap_rows is None or overlap_columns is None:
+        for stored in self._table(table).shards:
+            part = stored.shard.clip(rows, columns)
+            if part is None:
                 continue
-            file = shard["file"] if slot is None else shard.get("slots", {}).get(slot)
+            file = stored.file if slot is None else stored.slots.get(slot)
             if file is None:
                 raise CheckpointError(
                     f"{self.path}: table {table} has no optimizer slot {slot!r}; the "
                     f"checkpoint was written with another optimizer"
                 )
-            pieces.append(_Piece(file, shard_rows, shard_columns, overlap_rows, overlap_columns))
-        # Shards do not overlap (checked on opening): equal areas mean full coverage.
-        covered = sum(_length(p.rows) * _length(p.columns) for p in pieces)
-        if covered != _length(rows) * _length(columns):
-            raise CheckpointError(
-                f"{self.path / MANIFEST}: the shards of table {table} do not cover rows "
-                f"{list(rows)} x columns {list(columns)}"
-            )
+            pieces.append(_Piece(file, stored.shard, part))
+        try:  # the shards do not overlap (checked on opening)
+            check_covers(table, rows, columns, [piece.part for piece in pieces])
+        except ShardError as error:
+            raise CheckpointError(f"{self.path / MANIFEST}: {error}") from error
         return pieces
 
     def _layout(self, piece: _Piece) -> _NpyLayout:
@@ -552,7 +677,7 @@ class Checkpoint:
         if piece.file in self._layouts:
             return self._layouts[piece.file]
         path = self._checked(piece.file)
-        expected = (_length(piece.shard_rows), _length(piece.shard_columns))
+        expected = (piece.shard.height, piece.shard.width)
         try:
             with path.open("rb") as handle:
                 version = np.lib.format.read_magic(handle)
@@ -607,7 +732,7 @@ class Checkpoint:
         pieces = self._pieces(table, rows, columns, slot)
         layouts = {piece.file: self._layout(piece) for piece in pieces}
         width = _length(columns)
-        widest = max([width, *(_length(piece.shard_columns) for piece in pieces)])
+        widest = max([width, *(piece.shard.width for piece in pieces)])
         itemsize = max([4, *(layout.dtype.itemsize for layout in layouts.values())])
         chunk_rows = max(1, chunk_bytes // (widest * itemsize))
         with contextlib.ExitStack() as stack:
@@ -619,7 +744,7 @@ class Checkpoint:
                 stop = min(start + chunk_rows, rows[1])
                 chunk = np.empty((stop - start, width), np.float32)
                 for piece in pieces:
-                    part = _intersection(piece.rows, (start, stop))
+                    part = range_intersection(piece.part.rows, (start, stop))
                     if part is not None:
                         origin = (start, columns[0])
                         self._read_piece(
@@ -637,26 +762,22 @@ class Checkpoint:
         chunk: np.ndarray,
         chunk_origin: tuple[int, int],
     ) -> None:
-        """Copies rows `rows` x `piece.columns` (table coordinates) from the shard
-        file into `chunk`, whose element [0, 0] is table element `chunk_origin`."""
-        shard_width = _length(piece.shard_columns)
-        row_bytes = shard_width * layout.dtype.itemsize
-        offset = layout.offset + (rows[0] - piece.shard_rows[0]) * row_bytes
+        """Copies rows `rows` x `piece.part.columns` (table coordinates) from the
+        shard file into `chunk`, whose element [0, 0] is table element `chunk_origin`."""
+        shard, columns = piece.shard, piece.part.columns
+        row_bytes = shard.width * layout.dtype.itemsize
+        offset = layout.offset + (rows[0] - shard.rows[0]) * row_bytes
         target_rows = slice(rows[0] - chunk_origin[0], rows[1] - chunk_origin[0])
         path = self.path / piece.file
         chunk_columns = (chunk_origin[1], chunk_origin[1] + chunk.shape[1])
-        if piece.shard_columns == chunk_columns and layout.dtype == chunk.dtype:
+        if shard.columns == chunk_columns and layout.dtype == chunk.dtype:
             # The shard's rows are whole rows of the chunk: read them in place.
             _read_exact(handle, path, offset, chunk[target_rows])
             return
-        buffer = np.empty((_length(rows), shard_width), layout.dtype)
+        buffer = np.empty((_length(rows), shard.width), layout.dtype)
         _read_exact(handle, path, offset, buffer)
-        source_columns = slice(
-            piece.columns[0] - piece.shard_columns[0], piece.columns[1] - piece.shard_columns[0]
-        )
-        target_columns = slice(
-            piece.columns[0] - chunk_origin[1], piece.columns[1] - chunk_origin[1]
-        )
+        source_columns = slice(columns[0] - shard.columns[0], columns[1] - shard.columns[0])
+        target_columns = slice(columns[0] - chunk_origin[1], columns[1] - chunk_origin[1])
         chunk[target_rows, target_columns] = buffer[:, source_columns]
 
     def read_table_slice(
@@ -676,11 +797,6 @@ class Checkpoint:
 
         self.restore_table_slice(table, rows, columns, assign, slot)
         return out
-
-
-def _range(value: Any) -> Range:
-    start, stop = value
-    return int(start), int(stop)
 
 
 def _length(span: Range) -> int:

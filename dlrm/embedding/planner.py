@@ -32,7 +32,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from dlrm.embedding.shard import Range, ShardError, ShardingKind, TableShard
+from dlrm.embedding.shard import Range, ShardError, ShardingKind, TableShard, check_tiling
 from feature_spec.staged import write_file_atomically
 
 DATA_PARALLEL = ShardingKind.DATA_PARALLEL
@@ -147,16 +147,6 @@ def shard_sent_bytes(shard: TableShard, spec: TableSpec) -> int:
     return shard.width * spec.dtype_bytes
 
 
-def _tiles(ranges: Sequence[Range], size: int) -> bool:
-    """Whether non-empty `ranges` cover [0, size) exactly, without overlap."""
-    position = 0
-    for start, stop in sorted(ranges):
-        if start != position:
-            return False
-        position = stop
-    return position == size
-
-
 @dataclasses.dataclass(frozen=True)
 class TablePlan:
     """Table `table` (shape and costs in `spec`): its kind and shards.
@@ -181,7 +171,7 @@ class TablePlan:
         for shard in self.shards:
             if (shard.table, shard.kind) != (self.table, self.kind):
                 raise PlanError(f"{where}: holds a shard of table {shard.table} ({shard.kind})")
-            if shard.rows[1] > rows or shard.columns[1] > dim:
+            if not shard.fits((rows, dim)):
                 raise PlanError(
                     f"{where}: shard rows {shard.rows} columns {shard.columns} is outside "
                     f"the table's shape [{rows}, {dim}]"
@@ -191,20 +181,23 @@ class TablePlan:
             raise PlanError(f"{where}: two shards on one rank (ranks {ranks})")
         full_rows = all(shard.rows == (0, rows) for shard in self.shards)
         full_columns = all(shard.columns == (0, dim) for shard in self.shards)
+        fault = ""
         if self.kind in (DATA_PARALLEL, TABLE_WISE):
             valid = full_rows and full_columns and bool(self.shards)
             valid = valid and (self.kind == DATA_PARALLEL or len(self.shards) == 1)
-        elif self.kind == COLUMN_WISE:
-            columns = [shard.columns for shard in self.shards]
-            valid = full_rows and len(self.shards) >= 2 and _tiles(columns, dim)
         else:
-            row_ranges = [shard.rows for shard in self.shards]
-            valid = full_columns and len(self.shards) >= 2 and _tiles(row_ranges, rows)
+            # Column (row) slices over every row (column) that tile the table.
+            spans_table = full_rows if self.kind == COLUMN_WISE else full_columns
+            valid = spans_table and len(self.shards) >= 2
+            try:
+                check_tiling(self.table, (rows, dim), self.shards)
+            except ShardError as error:
+                valid, fault = False, f": {error}"
         if not valid:
             layout = [(s.rank, s.rows, s.columns) for s in self.shards]
             raise PlanError(
                 f"{where}: shards (rank, rows, columns) {layout} do not cover "
-                f"[0, {rows}) x [0, {dim}) as a {self.kind} table must"
+                f"[0, {rows}) x [0, {dim}) as a {self.kind} table must{fault}"
             )
 
 
@@ -335,47 +328,49 @@ class ShardingPlan:
 
     # ---------------------------------------------------------- serialisation
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self, with_shards: bool = True) -> dict[str, Any]:
+        """The plan as JSON-serialisable data. Shards appear under their table,
+        without the table and kind it gives them. `with_shards=False` leaves them
+        out, for a checkpoint manifest that lists them once under its own tables
+        (`from_dict(..., shards=...)` puts them back)."""
+        tables = []
+        for t in self.tables:
+            entry: dict[str, Any] = {
+                "table": t.table,
+                "kind": t.kind.value,
+                "spec": dataclasses.asdict(t.spec),
+            }
+            if with_shards:
+                entry["shards"] = [
+                    {"rank": s.rank, "rows": list(s.rows), "columns": list(s.columns)}
+                    for s in t.shards
+                ]
+            tables.append(entry)
         return {
             "world_size": self.world_size,
             "strategy": self.strategy,
             "optimizer_slots": self.optimizer_slots,
             "global_batch_size": self.global_batch_size,
             "notes": list(self.notes),
-            "tables": [
-                {
-                    "table": t.table,
-                    "kind": t.kind.value,
-                    "spec": dataclasses.asdict(t.spec),
-                    "shards": [
-                        {"rank": s.rank, "rows": list(s.rows), "columns": list(s.columns)}
-                        for s in t.shards
-                    ],
-                }
-                for t in self.tables
-            ],
+            "tables": tables,
         }
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> ShardingPlan:
-        """The inverse of `to_dict`; PlanError if `data` is not a valid plan."""
+    def from_dict(
+        cls, data: Mapping[str, Any], shards: Sequence[TableShard] | None = None
+    ) -> ShardingPlan:
+        """The inverse of `to_dict`; PlanError if `data` is not a valid plan.
+
+        A table entry without `shards` (`to_dict(with_shards=False)`) takes its
+        shards from `shards`: a model-parallel table those of its index, a
+        data-parallel one a whole-table copy on every rank (its copies in
+        `shards`, if any, are not needed)."""
         try:
-            tables = tuple(
-                TablePlan(
-                    int(t["table"]),
-                    ShardingKind(t["kind"]),
-                    TableSpec(**t["spec"]),
-                    tuple(
-                        TableShard.from_dict(s, table=int(t["table"]), kind=t["kind"])
-                        for s in t["shards"]
-                    ),
-                )
-                for t in data["tables"]
-            )
+            world_size = int(data["world_size"])
             return cls(
-                int(data["world_size"]),
+                world_size,
                 str(data["strategy"]),
-                tables,
+                tuple(_table_plan(t, world_size, shards) for t in data["tables"]),
                 int(data.get("optimizer_slots", 0)),
                 int(data.get("global_batch_size", DEFAULT_GLOBAL_BATCH_SIZE)),
                 tuple(str(note) for note in data.get("notes", ())),
@@ -449,6 +444,25 @@ class ShardingPlan:
         lines.append(f"max/mean: memory {_imbalance(memory):.3f}, lookup {_imbalance(lookup):.3f}")
         lines.extend(f"note: {note}" for note in self.notes)
         return "\n".join(lines)
+
+
+def _table_plan(
+    data: Mapping[str, Any], world_size: int, shards: Sequence[TableShard] | None
+) -> TablePlan:
+    """A table entry of `ShardingPlan.to_dict`, with its shards from `shards` when
+    it has none (see `ShardingPlan.from_dict`)."""
+    table, spec = int(data["table"]), TableSpec(**data["spec"])
+    kind = ShardingKind.parse(data["kind"], table)
+    if "shards" in data:
+        placed = tuple(TableShard.from_dict(s, table=table, kind=kind) for s in data["shards"])
+    elif shards is None:
+        raise PlanError(f"table {table}: no shards, and none given")
+    elif kind == DATA_PARALLEL:
+        whole = (0, spec.rows), (0, spec.dim)
+        placed = tuple(TableShard(table, kind, rank, *whole) for rank in range(world_size))
+    else:
+        placed = tuple(shard for shard in shards if shard.table == table)
+    return TablePlan(table, kind, spec, placed)
 
 
 def _imbalance(values: Sequence[int]) -> float:

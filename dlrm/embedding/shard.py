@@ -1,5 +1,6 @@
 """The one description of a piece of an embedding table, from the plan to the
-layer to the checkpoint manifest.
+layer to the checkpoint manifest, and the one check that pieces tile a table
+(`check_tiling`), which the planner and the checkpoints both use.
 
 Pure Python (standard library only): importing it loads no TensorFlow.
 """
@@ -8,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 Range = tuple[int, int]
@@ -83,6 +84,23 @@ class TableShard:
     def elements(self) -> int:
         return self.height * self.width
 
+    def fits(self, shape: tuple[int, int]) -> bool:
+        """Whether it lies inside a table of `shape` [rows, columns]."""
+        return self.rows[1] <= shape[0] and self.columns[1] <= shape[1]
+
+    def clip(self, rows: Range, columns: Range) -> TableShard | None:
+        """Its part inside rows [r0, r1) x columns [c0, c1), as a shard of the same
+        table, kind and rank; None when they do not meet."""
+        inside_rows = range_intersection(self.rows, rows)
+        inside_columns = range_intersection(self.columns, columns)
+        if inside_rows is None or inside_columns is None:
+            return None
+        return dataclasses.replace(self, rows=inside_rows, columns=inside_columns)
+
+    def describe(self) -> str:
+        """`rows [0, 8] x columns [0, 7]`, as error messages name a shard's place."""
+        return f"rows {list(self.rows)} x columns {list(self.columns)}"
+
     @property
     def name(self) -> str:
         """`table_3.rows_0_100.cols_0_8`: unique within a checkpoint or a model."""
@@ -117,6 +135,51 @@ class TableShard:
             if isinstance(error, ShardError):
                 raise
             raise ShardError(f"not a table shard: {dict(data)!r} ({error!r})") from error
+
+
+def range_intersection(a: Range, b: Range) -> Range | None:
+    """The common part of [a0, a1) and [b0, b1); None when it is empty."""
+    start, stop = max(a[0], b[0]), min(a[1], b[1])
+    return (start, stop) if start < stop else None
+
+
+def check_disjoint(table: int, shape: tuple[int, int], shards: Sequence[TableShard]) -> None:
+    """Raises ShardError unless every one of `shards` is a shard of table `table`,
+    inside its `shape` [rows, columns], and no two of them overlap."""
+    for index, shard in enumerate(shards):
+        if shard.table != table:
+            raise ShardError(f"table {table} lists {shard.name}, a shard of table {shard.table}")
+        if not shard.fits(shape):
+            raise ShardError(
+                f"table {table} of shape {list(shape)} has a shard {shard.describe()} outside it"
+            )
+        for other in shards[:index]:
+            if shard.clip(other.rows, other.columns) is not None:
+                raise ShardError(
+                    f"table {table} has overlapping shards {shard.describe()} and "
+                    f"{other.describe()}"
+                )
+
+
+def check_covers(table: int, rows: Range, columns: Range, shards: Sequence[TableShard]) -> None:
+    """Raises ShardError unless `shards`, disjoint (`check_disjoint`), cover rows
+    [r0, r1) x columns [c0, c1) of table `table`: their parts inside it add up to it."""
+    parts = (shard.clip(rows, columns) for shard in shards)
+    covered = sum(part.elements for part in parts if part is not None)
+    expected = (rows[1] - rows[0]) * (columns[1] - columns[0])
+    if covered != expected:
+        raise ShardError(
+            f"the shards of table {table} do not cover rows {list(rows)} x columns "
+            f"{list(columns)}: they hold {covered} of its {expected} elements"
+        )
+
+
+def check_tiling(table: int, shape: tuple[int, int], shards: Sequence[TableShard]) -> None:
+    """Raises ShardError naming the first fault unless `shards` tile table `table`
+    of `shape` [rows, columns] exactly: each inside it, no two overlapping, every
+    element in one of them."""
+    check_disjoint(table, shape, shards)
+    check_covers(table, (0, shape[0]), (0, shape[1]), shards)
 
 
 def _pair(value: Any) -> Range:

@@ -4,7 +4,9 @@ lazy verification, atomicity, corruption."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -18,6 +20,7 @@ from dlrm.checkpoint import (
     list_checkpoints,
     resolve_checkpoint,
 )
+from dlrm.embedding.planner import ShardingPlan, TablePlan, TableSpec
 from dlrm.embedding.shard import Range, ShardingKind, TableShard
 
 TABLE = np.arange(23 * 7, dtype=np.float32).reshape(23, 7)
@@ -116,9 +119,11 @@ def test_shard_entries_carry_kind_and_rank(tmp_path: Path) -> None:
 
 
 def test_manifest_without_kind_and_rank_still_reads(tmp_path: Path) -> None:
-    # Shard entries as checkpoints written before shards carried table, kind and rank.
+    # Shard entries as checkpoints written before shards carried table, kind and rank
+    # (format 1, whose plan, here absent, was the only other change in format 2).
     path = write(tmp_path, 2, LAYOUTS["mixed"])
     manifest = json.loads((path / MANIFEST).read_text())
+    manifest["format_version"] = 1
     for shard in manifest["tables"][0]["shards"]:
         for key in ("table", "kind", "rank"):
             del shard[key]
@@ -322,3 +327,132 @@ def test_not_a_checkpoint(tmp_path: Path) -> None:
         Checkpoint(tmp_path / "nothing")
     with pytest.raises(CheckpointError, match="not a checkpoint; expected a directory with"):
         Checkpoint(tmp_path)
+
+
+def two_rank_plan(kind: ShardingKind) -> ShardingPlan:
+    """TABLE on 2 ranks as `kind`, and a replicated [5, 3] table 1."""
+    halves = {
+        ShardingKind.COLUMN_WISE: [((0, 23), (0, 4)), ((0, 23), (4, 7))],
+        ShardingKind.ROW_WISE: [((0, 12), (0, 7)), ((12, 23), (0, 7))],
+    }[kind]
+    return ShardingPlan(
+        2,
+        "cost",
+        (
+            TablePlan(
+                0,
+                kind,
+                TableSpec(23, 7),
+                tuple(TableShard(0, kind, r, *place) for r, place in enumerate(halves)),
+            ),
+            TablePlan(
+                1,
+                ShardingKind.DATA_PARALLEL,
+                TableSpec(5, 3),
+                tuple(
+                    TableShard(1, ShardingKind.DATA_PARALLEL, r, (0, 5), (0, 3)) for r in range(2)
+                ),
+            ),
+        ),
+    )
+
+
+def write_plan(root: Path, plan: ShardingPlan, skip: TableShard | None = None) -> Path:
+    """What `save_training_state` writes for `plan`: every rank its own shards, rank 0
+    the one copy of a replicated table (and `skip` left out)."""
+    writers = [CheckpointWriter(root, 6), CheckpointWriter(root, 6, create=False)]
+    for shard in plan.shards:
+        if (shard.kind == ShardingKind.DATA_PARALLEL and shard.rank) or shard == skip:
+            continue
+        values = np.arange(shard.elements, dtype=np.float32).reshape(shard.height, shard.width)
+        shape = (plan.tables[shard.table].spec.rows, plan.tables[shard.table].spec.dim)
+        writers[shard.rank].add_table_shard(shard, shape, values + shard.table, {"m": -values})
+    gathered = [writer.contents() for writer in writers]
+    return writers[0].commit({"plan": plan.to_dict()}, gathered=gathered)
+
+
+@pytest.mark.parametrize("kind", [ShardingKind.COLUMN_WISE, ShardingKind.ROW_WISE])
+def test_the_manifest_lists_each_shard_once(tmp_path: Path, kind: ShardingKind) -> None:
+    plan = two_rank_plan(kind)
+    path = write_plan(tmp_path, plan)
+    manifest = json.loads((path / MANIFEST).read_text())
+    assert manifest["format_version"] == 2
+    assert manifest["plan"] == plan.to_dict(with_shards=False)
+    assert all("shards" not in table for table in manifest["plan"]["tables"])
+    listed = [TableShard.from_dict(s) for table in manifest["tables"] for s in table["shards"]]
+    assert listed == [*plan.tables[0].shards, plan.tables[1].shards[0]]  # rank 0's copy
+    checkpoint = Checkpoint(path)
+    assert checkpoint.plan == plan  # the replicated table on every rank again
+    assert [s.shard for s in checkpoint.tables[0].shards] == list(plan.tables[0].shards)
+    np.testing.assert_array_equal(
+        checkpoint.read_table_slice(1, (0, 5), (2, 3), "m")[:, 0], -2 - 3 * np.arange(5)
+    )
+
+
+def test_a_checkpoint_without_a_plan_has_none(tmp_path: Path) -> None:
+    assert Checkpoint(write(tmp_path, 1, LAYOUTS["whole"])).plan is None
+
+
+def test_shards_that_are_not_the_plans_are_not_published(tmp_path: Path) -> None:
+    plan = two_rank_plan(ShardingKind.COLUMN_WISE)
+    with pytest.raises(CheckpointError) as error:
+        write_plan(tmp_path, plan, skip=plan.tables[0].shards[1])
+    message = str(error.value)
+    assert "table 0: the plan needs shards" in message
+    assert "table_0.rows_0_23.cols_4_7 (column_wise, rank 1)" in message  # expected
+    assert message.endswith("the ranks wrote ['table_0.rows_0_23.cols_0_4 (column_wise, rank 0)']")
+    assert list_checkpoints(tmp_path) == []
+
+
+def test_overlapping_shards_are_not_published(tmp_path: Path) -> None:
+    writer = CheckpointWriter(tmp_path, 1)
+    for rows in [(0, 12), (10, 23)]:
+        part = TABLE[rows[0] : rows[1]]
+        writer.add_table_shard(table_shard(rows, (0, 7)), TABLE.shape, part, {})
+    with pytest.raises(CheckpointError, match=r"table 0 has overlapping shards rows \[10, 23\]"):
+        writer.commit({})
+    assert list_checkpoints(tmp_path) == []
+
+
+def test_format_2_shard_entries_are_whole_table_shards(tmp_path: Path) -> None:
+    # Only format 1's oldest entries may lack table, kind and rank.
+    path = write(tmp_path, 2, LAYOUTS["rows"])
+    manifest = json.loads((path / MANIFEST).read_text())
+    del manifest["tables"][0]["shards"][1]["kind"]
+    (path / MANIFEST).write_text(json.dumps(manifest))
+    with pytest.raises(CheckpointError, match=r"malformed table entry .*KeyError\('kind'\)"):
+        Checkpoint(path)
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (lambda m: m.update(format_version=3), r"format_version 3, this tool reads 1 and 2"),
+        (lambda m: m["tables"].append(m["tables"][0]), r"table 0 is listed twice"),
+        (
+            lambda m: m["tables"][0]["shards"][0].update(table=1),
+            r"table 0 lists table_1.rows_0_8.cols_0_7, a shard of table 1",
+        ),
+        (
+            lambda m: m["tables"][0]["shards"][2].update(rows=[9, 24]),
+            r"table 0 of shape \[23, 7\] has a shard rows \[9, 24\] x columns \[0, 7\] outside it",
+        ),
+    ],
+)
+def test_manifests_that_do_not_describe_their_shards_are_refused(
+    tmp_path: Path, edit: Callable[[dict[str, Any]], object], message: str
+) -> None:
+    path = write(tmp_path, 2, LAYOUTS["rows"])
+    manifest = json.loads((path / MANIFEST).read_text())
+    edit(manifest)
+    (path / MANIFEST).write_text(json.dumps(manifest))
+    with pytest.raises(CheckpointError, match=f"{path / MANIFEST}: .*{message}"):
+        Checkpoint(path)
+
+
+def test_uncovered_slices_name_the_shortfall(tmp_path: Path) -> None:
+    checkpoint = Checkpoint(write(tmp_path, 1, [((0, 10), (0, 7)), ((10, 23), (0, 3))]))
+    with pytest.raises(CheckpointError, match=r"\[0, 7\]: they hold 44 of its 56 elements"):
+        checkpoint.read_table_slice(0, (5, 13), (0, 7))
+    with pytest.raises(CheckpointError, match=r"rows \[20, 30\] .* they hold 9 of its 30"):
+        checkpoint.read_table_slice(0, (20, 30), (0, 3))  # beyond the table

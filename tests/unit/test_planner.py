@@ -23,7 +23,14 @@ from dlrm.embedding.planner import (
     plan_sharding,
     replicated_gradient_exchange,
 )
-from dlrm.embedding.shard import ShardingKind, TableShard
+from dlrm.embedding.shard import (
+    ShardError,
+    ShardingKind,
+    TableShard,
+    check_covers,
+    check_disjoint,
+    check_tiling,
+)
 from feature_spec.criteo import CRITEO_1TB_MLPERF_CARDINALITIES
 
 GiB = 1 << 30
@@ -263,6 +270,69 @@ def test_invalid_plans_are_refused(
     plan = plan_sharding(TINY, TINY_CONFIG)
     with pytest.raises(PlanError, match=message):
         ShardingPlan.from_dict(corrupt(plan, table, shards))
+
+
+def test_the_planner_names_what_breaks_the_tiling() -> None:
+    plan = plan_sharding(TINY, TINY_CONFIG)
+    overlap = [
+        {"rank": 0, "rows": [0, 1200], "columns": [0, 7]},
+        {"rank": 1, "rows": [1100, 2300], "columns": [0, 7]},
+    ]
+    gap = [{**overlap[0], "rows": [0, 1000]}, overlap[1]]
+    with pytest.raises(PlanError, match=r"row_wise table must: table 3 has overlapping shards"):
+        ShardingPlan.from_dict(corrupt(plan, 3, overlap))
+    with pytest.raises(PlanError, match=r"must: .* they hold 15400 of its 16100 elements"):
+        ShardingPlan.from_dict(corrupt(plan, 3, gap))
+
+
+def shard(rows: tuple[int, int], columns: tuple[int, int], table: int = 0) -> TableShard:
+    return TableShard(table, ShardingKind.ROW_WISE, 0, rows, columns)
+
+
+def test_tiling_is_exact_cover_without_overlap() -> None:
+    # Any rectangles, not only slices along one axis: a checkpoint may hold those.
+    mixed = [shard((0, 10), (0, 7)), shard((10, 23), (0, 3)), shard((10, 23), (3, 7))]
+    check_tiling(0, (23, 7), mixed)
+    check_tiling(0, (23, 7), mixed[::-1])
+    outside, foreign = shard((10, 23), (3, 8)), shard((10, 23), (3, 7), table=1)
+    faults = [
+        ([*mixed[:2], outside], r"has a shard rows \[10, 23\] x columns \[3, 8\] outside it"),
+        ([*mixed, shard((9, 11), (6, 7))], r"overlapping shards rows \[9, 11\] x columns \[6, 7\]"),
+        (mixed[:2], r"do not cover rows \[0, 23\] x columns \[0, 7\]: they hold 109 of its 161"),
+        ([*mixed[:2], foreign], r"table 0 lists table_1.rows_10_23.cols_3_7, a shard of table 1"),
+        ([], r"they hold 0 of its 161 elements"),
+    ]  # fmt: skip
+    for shards, message in faults:
+        with pytest.raises(ShardError, match=message):
+            check_tiling(0, (23, 7), shards)
+
+
+def test_coverage_of_a_slice_needs_only_the_shards_that_meet_it() -> None:
+    shards = [shard((0, 10), (0, 7)), shard((10, 23), (0, 3))]
+    check_disjoint(0, (23, 7), shards)
+    check_covers(0, (2, 20), (0, 3), shards)
+    check_covers(0, (2, 8), (3, 7), shards)
+    with pytest.raises(ShardError, match=r"rows \[8, 12\] x columns \[2, 5\]: they hold 8 of"):
+        check_covers(0, (8, 12), (2, 5), shards)
+    assert shards[1].clip((0, 12), (2, 9)) == shard((10, 12), (2, 3))
+    assert shards[1].clip((0, 10), (0, 7)) is None
+
+
+def test_a_plan_stored_without_its_shards_takes_them_back() -> None:
+    plan = plan_sharding(TINY, TINY_CONFIG)
+    data = plan.to_dict(with_shards=False)
+    assert all("shards" not in table for table in data["tables"])
+    assert {k: v for k, v in data.items() if k != "tables"} == {
+        k: v for k, v in plan.to_dict().items() if k != "tables"
+    }
+    # A checkpoint holds the model-parallel shards and one copy of a replicated table.
+    written = [s for s in plan.shards if s.kind.is_model_parallel or s.rank == 0]
+    assert ShardingPlan.from_dict(data, shards=written) == plan
+    assert ShardingPlan.from_dict(json.loads(json.dumps(data)), shards=written) == plan
+    with pytest.raises(PlanError, match="table 0: no shards, and none given"):
+        ShardingPlan.from_dict(data)
+    with pytest.raises(PlanError, match=r"table 2 \(column_wise\): .* do not cover"):
+        ShardingPlan.from_dict(data, shards=[s for s in written if s != plan.tables[2].shards[0]])
 
 
 def test_tables_out_of_order_or_missing_are_refused() -> None:
