@@ -565,7 +565,8 @@ def train_on_rank(
     ]
     trainer.check_finite()
     names = collectives.collective_names()
-    return {**trained_state(trainer, losses), "collectives": names}
+    layer = trainer.model.embeddings
+    return {**trained_state(trainer, losses), "collectives": names, "layer": layer}
 
 
 def assert_trained_as_one_process(results: list[dict[str, Any]], expected: dict[str, Any]) -> None:
@@ -727,13 +728,22 @@ def test_every_rank_runs_the_same_collectives_in_a_traced_step(
     constant) would leave the others waiting, and `run_ranks` would report them
     stuck. Every rank runs the same collectives, as often: the layer keeps its
     exchanges alive itself (`StepExchanges`), whatever the trainer checks."""
-    results = run_ranks(
-        world_size,
-        lambda c: train_on_rank(c, kind, "adam", data_parallel_input, hotness, chunk_rows),
-        timeout_s=20,
-    )
-    names = [result["collectives"] for result in results]
-    assert all(theirs == names[0] for theirs in names), names
+
+    def work(collectives: SimulatedCollectives) -> dict[str, Any]:
+        trained = train_on_rank(collectives, kind, "adam", data_parallel_input, hotness, chunk_rows)
+        # And the forward pass alone, as prediction traces it: ids a rank does not
+        # use are received all the same (the vectors' exchange depends on them).
+        layer = trained["layer"]
+        rank, world = collectives.rank, collectives.world_size
+        ids = loader_ids(layer, global_batches(hotness)[0]["ids"], rank)
+        tf.function(lambda x: layer(x, local_rows=GLOBAL_BATCH // world))(ids)
+        return {"trained": trained["collectives"], "all": collectives.collective_names()}
+
+    results = run_ranks(world_size, work, timeout_s=20)
+    for key in ("trained", "all"):
+        names = [result[key] for result in results]
+        assert all(theirs == names[0] for theirs in names), names
     # The trainer's one allreduce per step: the verdicts with the dense gradients.
-    (trainer_sum,) = [name for name in names[0] if name.startswith("non_finite|")]
-    assert names[0][trainer_sum] == STEPS
+    names = results[0]["trained"]
+    (trainer_sum,) = [name for name in names if name.startswith("non_finite|")]
+    assert names[trainer_sum] == STEPS
