@@ -171,13 +171,20 @@ def dense_step_calls(s: Session, batch: Any) -> int:
 
 def assert_train_alike(ours: Session, reference: Session, data: list[Batch]) -> None:
     """Step by step the same losses, and at the end the same weights, to float32
-    rounding of differently ordered sums."""
+    rounding of differently ordered sums. Adam divides each gradient element by
+    its own running magnitude, which makes a rounding difference of a nearly
+    cancelled element a visible share of its update: 1e-4 of the learning rate
+    per step (kernel against TensorFlow's ops differed by 5e-6 at lr 0.2 after 4
+    steps on an AVX2-only CPU)."""
     assert ours.trainer is not None and reference.trainer is not None
     for b in data:
         a, r = float(ours.trainer.train_step(b)), float(reference.trainer.train_step(b))
         assert a == pytest.approx(r, rel=1e-5)
+    atol = 1e-6
+    if ours.config.optimizer == "adam":
+        atol = max(atol, 1e-4 * ours.config.learning_rate * len(data))
     for a, r in zip(weights(ours), weights(reference), strict=True):
-        np.testing.assert_allclose(a, r, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(a, r, rtol=1e-5, atol=atol)
 
 
 def step_nodes(s: Session, batch: Any) -> list[Any]:
