@@ -1,7 +1,8 @@
 """The benchmark suite (`make bench`): this project against plain TensorFlow, in one run.
 
     python benchmarks/suite.py [--batch_sizes 8192,65536] [--variants fp32,amp,xla,amp+xla]
-        [--ranks 1,2] [--steps 8] [--repeats 1] [--preproc_rows 1000000,3000000] [--quick]
+        [--ranks 1,2] [--optimizers adagrad,adam] [--steps 8] [--repeats 1]
+        [--preproc_rows 1000000,3000000] [--quick]
         [--output benchmarks/results.json] [--plot docs/bench_batch_size.png]
 
 Measures, each in its own process (so that its peak memory is its own), on a
@@ -10,12 +11,15 @@ synthetic Criteo-shaped dataset with the default model (13 numerical features,
 
 - training: `main.py` end to end (loader, trainer, the final evaluation) under
   each precision/XLA variant, batch size and rank count (`horovodrun --gloo`
-  for 2), and the plain TensorFlow loop of `benchmarks/plain_tf.py` (no project
+  for 2), with SGD, and the plain TensorFlow loop of `benchmarks/plain_tf.py` (no project
   code) with the same model and batch, run right after it, with their ratio;
   samples/s is the median over `main.py`'s per-step progress records after the
   first (the first holds tracing and compilation); with `--repeats N` each row
   runs ours and the plain loop in turn N times and reports the medians and the
   median ratio of the pairs (`alternated`);
+- the other optimizers (`--optimizers`, Adagrad and Adam; their embedding rows
+  updated by the same fused kernel as SGD's): samples/s on one process at the
+  smallest batch, per variant, against SGD's row of the same run;
 - the achieved GFLOP/s of each (dense part, `train.dense_training_flops`) next
   to the machine's matmul GFLOP/s measured in this run;
 - 2 ranks: the share of the step in which a rank runs no op, waiting on its
@@ -132,8 +136,18 @@ def main_py(dataset: Path, work: Path, ranks: int, *flags: str) -> tuple[Path, i
     return log, peak
 
 
+# A learning rate per optimizer that trains the synthetic data without diverging.
+LEARNING_RATES = {"sgd": 0.5, "adagrad": 0.1, "adam": 0.01}
+
+
 def train_ours(
-    dataset: Path, work: Path, batch: int, variant: str, ranks: int, steps: int
+    dataset: Path,
+    work: Path,
+    batch: int,
+    variant: str,
+    ranks: int,
+    steps: int,
+    optimizer: str = "sgd",
 ) -> dict[str, Any]:
     amp, xla = VARIANTS[variant]
     log, peak = main_py(
@@ -143,7 +157,8 @@ def train_ours(
         f"--batch_size={batch}",
         f"--max_steps={steps + 1}",
         "--print_freq=1",
-        "--learning_rate=0.5",
+        f"--optimizer={optimizer}",
+        f"--learning_rate={LEARNING_RATES[optimizer]}",
         "--warmup_steps=0",
         "--decay_start_step=0",
         f"--amp={str(amp).lower()}",
@@ -183,6 +198,37 @@ def alternated(
             o["samples_per_second"] / p["samples_per_second"] for o, p in pairs if p is not None
         )
     return row
+
+
+def optimizer_rows(
+    training: list[dict[str, Any]],
+    optimizers: list[str],
+    dataset: Path,
+    work: Path,
+    batch: int,
+    steps: int,
+) -> list[dict[str, Any]]:
+    """One process at `batch` with each of `optimizers`, for every variant that
+    has an SGD row of one process at that batch: samples/s and the share of SGD's
+    (`of_sgd`)."""
+    rows: list[dict[str, Any]] = []
+    for sgd in training:
+        if sgd["batch_size"] != batch or sgd["ranks"] != 1:
+            continue
+        for optimizer in optimizers:
+            ours = train_ours(dataset, work, batch, sgd["variant"], 1, steps, optimizer)
+            of_sgd = ours["samples_per_second"] / sgd["ours"]["samples_per_second"]
+            rows.append(
+                {"optimizer": optimizer, "variant": sgd["variant"], "batch_size": batch}
+                | ours
+                | {"of_sgd": of_sgd}
+            )
+            print(
+                f"training {sgd['variant']} batch {batch} {optimizer}: "
+                f"{ours['samples_per_second']:,.0f} samples/s, {of_sgd:.2f} of SGD's",
+                flush=True,
+            )
+    return rows
 
 
 def train_plain(batch: int, variant: str, steps: int) -> dict[str, Any]:
@@ -372,6 +418,11 @@ def print_table(results: dict[str, Any]) -> None:
             f"{gib(plain['peak_rss_bytes']):>10}" if plain else f"{'-':>10}",
         ]
         print("".join(cells))
+    for row in results.get("optimizers", []):
+        print(
+            f"{row['optimizer']} {row['variant']} batch {row['batch_size']}, one process: "
+            f"{row['samples_per_second']:,.0f} samples/s, {row['of_sgd']:.2f} of SGD's"
+        )
     for variant, row in results.get("collectives", {}).items():
         print(
             f"2 ranks {variant} batch {row['batch_size']}: waiting on collectives "
@@ -484,6 +535,11 @@ def main() -> int:
     parser.add_argument("--batch_sizes", help="default 8192,65536")
     parser.add_argument("--variants", help=f"default {','.join(VARIANTS)}")
     parser.add_argument("--ranks", help="default 1,2")
+    parser.add_argument(
+        "--optimizers",
+        default="adagrad,adam",
+        help="optimizers measured besides SGD, one process at the smallest batch ('': none)",
+    )
     parser.add_argument("--steps", type=int, default=8, help="timed training steps per run")
     parser.add_argument(
         "--repeats",
@@ -527,6 +583,9 @@ def main() -> int:
         )
     preproc_rows = sorted(set(preproc_rows) - {0})
     variants = [v for v in args.variants.split(",") if v]
+    optimizers = [o for o in args.optimizers.split(",") if o]
+    if set(optimizers) - set(LEARNING_RATES) - {"sgd"} or "sgd" in optimizers:
+        parser.error(f"--optimizers: expected some of adagrad, adam, got {args.optimizers!r}")
     unknown = [v for v in variants if v not in VARIANTS]
     if unknown:
         parser.error(f"--variants: unknown {unknown}; expected some of {list(VARIANTS)}")
@@ -590,6 +649,10 @@ def main() -> int:
                         f"{ours['samples_per_second']:,.0f} samples/s{ratio}",
                         flush=True,
                     )
+        results["optimizers"] = optimizer_rows(
+            results["training"], optimizers, dataset, work, min(batches), args.steps
+        )
+        save(results, args.output)
         if any(r > 1 for r in ranks):
             results["collectives"] = collective_shares(dataset, work, min(batches), args.steps)
         results["inference"] = {str(b): inference(dataset, work, b) for b in batches}

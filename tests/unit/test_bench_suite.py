@@ -165,3 +165,31 @@ def test_bad_preproc_rows_are_a_parser_error(value: str) -> None:
     assert result.returncode == 2
     assert "--preproc_rows" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_the_table_gives_each_optimizer_against_sgd(capsys: pytest.CaptureFixture[str]) -> None:
+    results = {
+        "matmul_gflops": {"float32": 200.0, "bfloat16": 400.0},
+        "mflop_per_sample": 14.75,
+        "training": [],
+        "optimizers": [
+            {"optimizer": "adam", "variant": "fp32", "batch_size": 8192}
+            | {"samples_per_second": 9000.0, "peak_rss_bytes": 2**30, "of_sgd": 0.9}
+        ],
+    }
+    print_table(results)
+    assert "adam fp32 batch 8192, one process: 9,000 samples/s, 0.90 of SGD's" in (
+        capsys.readouterr().out
+    )
+
+
+def test_unknown_optimizers_are_a_parser_error() -> None:
+    result = subprocess.run(
+        [sys.executable, str(SUITE), "--optimizers=sgd,lamb"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 2
+    assert "--optimizers: expected some of adagrad, adam, got 'sgd,lamb'" in result.stderr
