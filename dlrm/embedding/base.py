@@ -295,7 +295,13 @@ class Embeddings(keras.layers.Layer):
         learning_rate = tf.cast(learning_rate, tf.float32)
         if gradients.receipt is not None:
             # Always zero: it makes the update depend on every exchange of the
-            # step (see `sharded.StepExchanges`).
+            # step (see `sharded.StepExchanges`). A rank may have no rows to
+            # update (it holds no shard and no replicated table), so the receipt
+            # is also checked by an assertion: a stateful op, which tf.function
+            # always runs, so that rank runs every exchange too.
+            tf.debugging.assert_equal(
+                gradients.receipt, 0, message="the exchanges' receipt is not zero"
+            )
             learning_rate = learning_rate + tf.cast(gradients.receipt, tf.float32)
         apply_pieces(
             gradients.pieces,

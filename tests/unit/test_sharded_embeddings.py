@@ -95,15 +95,17 @@ def loader_ids(
 ) -> Any:
     """What the loader gives `rank`: with model-parallel input, the global batch
     of the layer's `input_tables`, in that order; with data-parallel input, the
-    local rows of every table. [B, n] when every table read is one-hot, else a
-    tuple of [B, hotness]."""
+    local rows of every table. [B, n] when every table read is one-hot (n = 0
+    when none is), else a tuple of [B, hotness]."""
     if layer.data_parallel_input:
         rows = GLOBAL_BATCH // layer.world_size
         read = [rows_of(x, rank * rows, (rank + 1) * rows) for x in ids]
     else:
         read = [ids[t] for t in layer.input_tables]
-    if read and all(not isinstance(x, RaggedIds) and x.shape[1] == 1 for x in read):
-        return tf.constant(np.concatenate(read, axis=1).astype(id_dtype))
+    if all(not isinstance(x, RaggedIds) and x.shape[1] == 1 for x in read):
+        # A rank that reads no table gets [B, 0], as from the loader.
+        rows = GLOBAL_BATCH // layer.world_size if layer.data_parallel_input else GLOBAL_BATCH
+        return tf.constant(np.concatenate([np.empty((rows, 0)), *read], axis=1).astype(id_dtype))
     return tuple(as_tensor(x, id_dtype) for x in read)
 
 
@@ -724,6 +726,8 @@ def test_a_non_finite_step_on_one_rank_is_applied_on_none(poison: str, chunk_row
     [
         ("idle_rank", False, ONE_HOT, 0, 2),  # ranks 1.. hold no model-parallel shard
         ("idle_rank", True, HOTNESS, 2, 3),  # and receive ids they have no use for
+        ("one_rank", False, ONE_HOT, 0, 2),  # ranks 1.. hold nothing, update nothing
+        ("one_rank", True, HOTNESS, 2, 3),
         ("row_wise_rank", True, VARIABLE, 4, 2),  # a second id exchange: ragged ids
         ("mixed", True, VARIABLE, 2, 3),
         ("data_parallel", False, HOTNESS, 2, 2),  # no vectors cross at all

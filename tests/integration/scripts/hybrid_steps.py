@@ -9,6 +9,8 @@ one process) or a placement on the ranks:
 - planner: what `plan_sharding` makes of the tables (every rank gets a shard);
 - idle_rank: table 0 whole on rank 0, the others replicated: the other ranks
   hold no model-parallel shard (with one table, they read no ids at all);
+- one_rank: every table whole on rank 0: the other ranks hold nothing at all,
+  no shard and no replicated table, and update nothing;
 - row_wise_rank: the last rank holds only row ranges.
 VARIANT is fp32 (default), or a `+`-joined set of: amp (the CPU's
 mixed_bfloat16 policy), xla (the dense part compiled), cross (the DCNv2 cross
@@ -95,6 +97,8 @@ def plan_for(kind: str, specs: list[TableSpec], world: int, batch: int) -> Shard
             tables.append(table_plan(t, spec, UNIFORM[t % 4], world, rank=t % world))
         elif kind == "idle_rank":
             tables.append(table_plan(t, spec, "table_wise" if t == 0 else "data_parallel", world))
+        elif kind == "one_rank":
+            tables.append(table_plan(t, spec, "table_wise", world))
         elif kind == "row_wise_rank":
             if t % 2 == 0 or world == 1:
                 tables.append(table_plan(t, spec, "row_wise", world))
