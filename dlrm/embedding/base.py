@@ -294,15 +294,13 @@ class Embeddings(keras.layers.Layer):
         the optimizer's step."""
         learning_rate = tf.cast(learning_rate, tf.float32)
         if gradients.receipt is not None:
-            # Always zero: it makes the update depend on every exchange of the
-            # step (see `sharded.StepExchanges`). A rank may have no rows to
-            # update (it holds no shard and no replicated table), so the receipt
-            # is also checked by an assertion: a stateful op, which tf.function
-            # always runs, so that rank runs every exchange too.
+            # The receipt depends on every exchange of the step (see
+            # `sharded.StepExchanges`). Checked by an assertion, a stateful op
+            # that tf.function always runs, it keeps every exchange in the step,
+            # on a rank with no rows to update too (no shard, no replicated table).
             tf.debugging.assert_equal(
                 gradients.receipt, 0, message="the exchanges' receipt is not zero"
             )
-            learning_rate = learning_rate + tf.cast(gradients.receipt, tf.float32)
         apply_pieces(
             gradients.pieces,
             self.local_shards(),
@@ -354,7 +352,7 @@ class EmbeddingGradients(NamedTuple):
             rank computed itself is the trainer's to check: the vectors'
             gradient).
         receipt: a zero that depends on every exchange of the step, which
-            `apply_gradients` consumes; None on one process.
+            `apply_gradients` checks; None on one process.
     """
 
     pieces: list[GradientPiece]

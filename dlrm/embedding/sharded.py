@@ -140,8 +140,9 @@ class StepExchanges:
     step's data (`anchor`), never a constant; and every output is folded into
     `receipt`, a zero TensorFlow cannot tell is zero, that the next alltoall's
     splits add (so each exchange depends on all before it) and that the update
-    consumes (`Embeddings.apply_gradients`). Nothing outside the layer is
-    placed to keep a collective alive.
+    checks with an assertion, which tf.function always runs
+    (`Embeddings.apply_gradients`). Nothing outside the layer is placed to
+    keep a collective alive.
     """
 
     def __init__(self, collectives: Collectives, anchor: tf.Tensor) -> None:

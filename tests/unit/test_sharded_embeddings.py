@@ -179,7 +179,7 @@ def lookup_on_rank(
         with tf.control_dependencies([vectors]):
             upstream = tf.identity(upstream)
         gradients = layer.backward(lookup, [upstream])
-        # The receipt is what the update consumes; here the test's output does.
+        # The receipt is what the update checks; here the test's output uses it.
         done = tf.logical_and(gradients.finite, gradients.receipt == 0)
         return done, vectors, dense_shard_gradients(layer, gradients)
 
