@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -255,10 +256,22 @@ def quiet_logs(verbose: bool) -> None:
         absl_logging.set_verbosity(absl_logging.ERROR)
 
 
+# Seconds a rank that leaves an error to rank 0 waits before it exits (see `_error`).
+REPORTER_GRACE_S = 5.0
+
+
 def _error(message: str, same_on_every_rank: bool) -> None:
-    """Prints `message` on stderr, once per job when every rank has it alike."""
+    """Prints `message` on stderr, once per job when every rank has it alike.
+
+    The other ranks then wait up to `REPORTER_GRACE_S` before they exit: a
+    launcher stops the whole job when its first rank exits, so a silent rank
+    that exited first could have rank 0 killed before it printed the message
+    (seen under horovodrun). Rank 0 exits right after printing, which ends the
+    job without the wait."""
     if not same_on_every_rank or launch.reports():
-        print(f"{_program()}: {message}", file=sys.stderr)
+        print(f"{_program()}: {message}", file=sys.stderr, flush=True)
+    else:
+        time.sleep(REPORTER_GRACE_S)
 
 
 def _program() -> str:
