@@ -101,10 +101,10 @@ def loader_ids(
         rows = GLOBAL_BATCH // layer.world_size
         read = [rows_of(x, rank * rows, (rank + 1) * rows) for x in ids]
     else:
+        rows = GLOBAL_BATCH
         read = [ids[t] for t in layer.input_tables]
     if all(not isinstance(x, RaggedIds) and x.shape[1] == 1 for x in read):
         # A rank that reads no table gets [B, 0], as from the loader.
-        rows = GLOBAL_BATCH // layer.world_size if layer.data_parallel_input else GLOBAL_BATCH
         return tf.constant(np.concatenate([np.empty((rows, 0)), *read], axis=1).astype(id_dtype))
     return tuple(as_tensor(x, id_dtype) for x in read)
 
