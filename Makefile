@@ -3,6 +3,9 @@ SHELL := /bin/bash
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
+# pytest-xdist workers, a test file each at a time (0: one process, in order).
+TEST_WORKERS ?= 2
+PYTEST := $(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile
 DEMO_ARGS ?=
 
 .PHONY: install test test-unit test-integration lint demo bench clean
@@ -12,13 +15,13 @@ install:
 
 # The whole suite: lint, unit tests, integration tests (real horovodrun processes).
 test: install lint
-	@$(PY) -m pytest $(PYTEST_ARGS)
+	@$(PYTEST) $(PYTEST_ARGS)
 
 test-unit: install
-	@$(PY) -m pytest tests/unit $(PYTEST_ARGS)
+	@$(PYTEST) tests/unit $(PYTEST_ARGS)
 
 test-integration: install
-	@$(PY) -m pytest tests/integration $(PYTEST_ARGS)
+	@$(PYTEST) tests/integration $(PYTEST_ARGS)
 
 lint: install
 	@$(VENV)/bin/ruff check .

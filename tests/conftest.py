@@ -1,0 +1,33 @@
+"""Test order for the whole suite.
+
+`make test` runs the tests on two pytest-xdist workers, a file at a time (`--dist
+loadfile`), handed out in collection order. A file of several minutes handed out
+last would keep one worker busy long after the other ran dry, so the slowest files
+are collected first (measured on 2 cores, docs/testing.md). Within a file the order
+is unchanged.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+# Slowest first: each takes 3-12 minutes on 2 cores (setup included).
+SLOW_FILES = (
+    "test_hybrid_parallel.py",
+    "test_container_images.py",
+    "test_multi_host.py",
+    "test_large_table.py",
+    "test_wheel_install.py",
+    "test_docs_commands.py",
+    "test_slurm.py",
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    def rank(item: pytest.Item) -> int:
+        name = Path(str(item.fspath)).name
+        return SLOW_FILES.index(name) if name in SLOW_FILES else len(SLOW_FILES)
+
+    items.sort(key=rank)  # stable: the order within a file is kept
