@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 # pytest-xdist workers, a test file each at a time (0: one process, in order).
 TEST_WORKERS ?= 2
-PYTEST := $(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile
+PYTEST := $(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 DEMO_ARGS ?=
 
 .PHONY: install test test-unit test-integration lint demo bench clean

@@ -1,10 +1,11 @@
 """Test order for the whole suite.
 
 `make test` runs the tests on two pytest-xdist workers, a file at a time (`--dist
-loadfile`), handed out in collection order. A file of several minutes handed out
-last would keep one worker busy long after the other ran dry, so the slowest files
-are collected first (measured on 2 cores, docs/testing.md). Within a file the order
-is unchanged.
+loadfile`), handed out in collection order (`--no-loadscope-reorder`: xdist would
+otherwise hand out the files with the most tests first). A file of several minutes
+handed out last would keep one worker busy long after the other ran dry, so the
+slowest files are collected first (measured on 2 cores, docs/testing.md). Within a
+file the order is unchanged.
 """
 
 from __future__ import annotations
@@ -18,10 +19,11 @@ SLOW_FILES = (
     "test_hybrid_parallel.py",
     "test_container_images.py",
     "test_multi_host.py",
+    "test_slurm.py",
     "test_large_table.py",
     "test_wheel_install.py",
+    "test_hybrid_main.py",
     "test_docs_commands.py",
-    "test_slurm.py",
 )
 
 

@@ -58,9 +58,11 @@ def install_reason() -> str | None:
     if not missing:
         return None
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    # Waits for a concurrent apt/dpkg (another test worker's) instead of failing at once.
+    apt_get = ["apt-get", "-o", "DPkg::Lock::Timeout=600"]
     for command in (
-        ["apt-get", "update"],
-        ["apt-get", "install", "-y", "--no-install-recommends", *missing],
+        [*apt_get, "update"],
+        [*apt_get, "install", "-y", "--no-install-recommends", *missing],
     ):
         result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=900)
         if result.returncode != 0:

@@ -198,6 +198,10 @@ def slurm_conf(
             "MailProg=/bin/true",
             "SlurmctldDebug=info",
             "SlurmdDebug=info",
+            # Job ids of their own: OpenMPI names its shared-memory segments after the
+            # job, so two clusters on one machine (test workers side by side) that
+            # both ran a "job 2" on a host of the same name had their ranks share them.
+            f"FirstJobId={1000 + os.getpid() % 100000 * 100}",
             *nodes,
             "PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP",
             "",

@@ -61,7 +61,10 @@ def test_a_step_waiting_on_an_asynchronous_op_is_idle(tmp_path: Path) -> None:
     _traced_steps(tmp_path / "busy", lambda: busy(tf.constant(1.0)).numpy())
     idle, total, steps = idle_seconds(tmp_path / "busy", step_function="_train_step_eager_busy")
     assert steps == 2 and total >= 2 * WAIT_S
-    assert idle < 0.2 * total, (idle, total)
+    # Calling the op and taking the GIL around it count as idle; on a loaded machine
+    # (another test worker beside this one) that reached 28 % of the step, against
+    # 80 % and more for the waiting step above.
+    assert idle < 0.5 * total, (idle, total)
 
 
 def test_a_trace_without_the_step_says_so(tmp_path: Path) -> None:
