@@ -34,6 +34,7 @@ from dlrm.config import (
     RunConfig,
 )
 from dlrm.embedding.planner import STRATEGIES
+from dlrm.preemption import EXIT_PREEMPTED
 
 USAGE = """Trains, evaluates, benchmarks or exports a DLRM model.
 
@@ -191,6 +192,29 @@ flags.DEFINE_string(
     "Checkpoint to restore: a step_* directory, or a directory of them (the newest is used).",
 )
 flags.DEFINE_integer("keep_checkpoints", _D("keep_checkpoints"), "Checkpoints kept.")
+flags.DEFINE_integer(
+    "checkpoint_every_steps",
+    _D("checkpoint_every_steps"),
+    "Also write a checkpoint every this many steps (0: only after evaluations and at the end).",
+)
+flags.DEFINE_float(
+    "checkpoint_every_seconds",
+    _D("checkpoint_every_seconds"),
+    "Also write a checkpoint when this many seconds passed since the last one (rank 0's "
+    "clock; every rank writes at the same step). 0: never.",
+)
+flags.DEFINE_bool(
+    "resume",
+    _D("resume"),
+    "Continue from the newest complete checkpoint in --save_checkpoint_path when it has "
+    "one (else start as the other flags say): the same command starts and restarts a run.",
+)
+flags.DEFINE_string(
+    "preemption_signal",
+    None,
+    "A signal (e.g. USR1, as Slurm's --signal=B:USR1@120 sends) that, like SIGTERM, stops "
+    f"training at the next step on every rank: a checkpoint, then exit {EXIT_PREEMPTED}.",
+)
 flags.DEFINE_string("saved_model_output_path", None, "Where --mode export writes the SavedModel.")
 flags.DEFINE_integer(
     "benchmark_warmup_steps", _D("benchmark_warmup_steps"), "Untimed first inference batches."
@@ -297,7 +321,7 @@ def main(argv: list[str]) -> int:
     from feature_spec import FeatureSpecError
 
     try:
-        run(config)
+        summary = run(config)
     except ConfigError as error:  # settings that only the run can check (world size)
         _error(f"invalid flags: {error}", True)
         return 2
@@ -307,6 +331,18 @@ def main(argv: list[str]) -> int:
     except NonFiniteLossError as error:
         _error(str(error), launch.same_on_every_rank(error))
         return 3
+    if summary.get("preempted"):
+        checkpoint = summary.get("checkpoint")
+        _error(
+            f"stopped at step {summary['steps']} by a preemption signal; "
+            + (
+                f"checkpoint {checkpoint}: the same command with --resume continues it"
+                if checkpoint
+                else "no checkpoint written (no --save_checkpoint_path)"
+            ),
+            True,
+        )
+        return EXIT_PREEMPTED
     return 0
 
 

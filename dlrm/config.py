@@ -21,6 +21,7 @@ from dlrm.embedding.planner import (
     DEFAULT_ROW_SLICE_THRESHOLD,
     STRATEGIES,
 )
+from dlrm.preemption import parse_signal
 from feature_spec.staged import write_file_atomically
 
 MODES = ("train", "eval", "inference", "export")
@@ -133,6 +134,13 @@ class RunConfig:
     save_checkpoint_path: str | None = None
     restore_checkpoint_path: str | None = None
     keep_checkpoints: int = 3
+    # Checkpoints while training, besides those after evaluations (0: none).
+    checkpoint_every_steps: int = 0
+    checkpoint_every_seconds: float = 0.0
+    # Continue from the newest checkpoint in save_checkpoint_path when it has one.
+    resume: bool = False
+    # Besides SIGTERM, a signal that stops training at a checkpoint (dlrm.preemption).
+    preemption_signal: str | None = None
     saved_model_output_path: str | None = None
     # Inference benchmark
     benchmark_warmup_steps: int = 10
@@ -258,6 +266,23 @@ def _validate(c: RunConfig) -> None:
     _require(
         c.keep_checkpoints >= 1, f"--keep_checkpoints: expected >= 1, got {c.keep_checkpoints}"
     )
+    for flag in ("checkpoint_every_steps", "checkpoint_every_seconds"):
+        _require(
+            getattr(c, flag) >= 0, f"--{flag}: expected >= 0 (0: never), got {getattr(c, flag)}"
+        )
+        _require(
+            not getattr(c, flag) or c.save_checkpoint_path is not None,
+            f"--{flag}: needs --save_checkpoint_path (where to write them)",
+        )
+    _require(
+        not c.resume or c.save_checkpoint_path is not None,
+        "--resume: needs --save_checkpoint_path (the directory to continue from)",
+    )
+    if c.preemption_signal is not None:
+        try:
+            parse_signal(c.preemption_signal)
+        except ValueError as error:
+            raise ConfigError(str(error)) from None
     _require(
         c.benchmark_warmup_steps >= 0,
         f"--benchmark_warmup_steps: expected >= 0, got {c.benchmark_warmup_steps}",

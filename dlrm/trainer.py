@@ -21,6 +21,12 @@ autodiff:
    its own loss and vectors' gradient is summed with the dense gradients (no
    collective of its own), and every rank checks the sums alike.
 
+The same sum carries each rank's *requests* (`train_step_agreeing`): to stop
+(a preemption signal seen by that rank) and to write a checkpoint (a timer that
+only rank 0 keeps). Every rank gets the sums after the same step, so ranks that
+saw different things still stop, or checkpoint, at the same step, at no cost of
+a collective of their own.
+
 The trainer does not know which ranks hold which tables, nor how their
 exchanges are kept in step: that is the embeddings layer's.
 
@@ -36,7 +42,7 @@ still those of the last good step.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import tensorflow as tf
 
@@ -64,6 +70,10 @@ class NonFiniteLossError(RuntimeError):
             f"Likely causes: {'; '.join(hints)}."
         )
         self.step = step
+
+
+# What a rank may ask of every rank after a step (`Trainer.train_step_agreeing`).
+REQUESTS = ("stop", "checkpoint")
 
 
 class Trainer:
@@ -166,7 +176,7 @@ class Trainer:
             dense_gradients = [a + b for a, b in zip(dense_gradients, gradients, strict=True)]
         return loss, dense_gradients, [chunk[2] for chunk in chunks]
 
-    def _train_step_eager(self, batch: Batch) -> tf.Tensor:
+    def _train_step_eager(self, batch: Batch, requests: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
         learning_rate = self.learning_rate(self.step)
         embeddings = self.model.embeddings
         use_kernels = self.model.use_kernels
@@ -184,15 +194,21 @@ class Trainer:
         # This rank's verdict on what only it computed: its loss, and the vectors'
         # gradient, from which the tables' gradients are made wherever they live.
         # On several ranks it is summed with the dense gradients, and every rank
-        # decides alike from the sums.
-        verdict = tf.cast(
-            tf.stack(
-                [
-                    tf.logical_not(all_finite(vector_gradients, use_kernels)),
-                    tf.logical_not(tf.math.is_finite(loss)),
-                ]
-            ),
-            tf.float32,
+        # decides alike from the sums; the rank's requests travel with it.
+        verdict = tf.concat(
+            [
+                tf.cast(
+                    tf.stack(
+                        [
+                            tf.logical_not(all_finite(vector_gradients, use_kernels)),
+                            tf.logical_not(tf.math.is_finite(loss)),
+                        ]
+                    ),
+                    tf.float32,
+                ),
+                requests,
+            ],
+            axis=0,
         )
         embedding_gradients = embeddings.backward(lookup, vector_gradients)
         if self.collectives.world_size > 1:
@@ -229,11 +245,19 @@ class Trainer:
         self.first_non_finite_step.assign(tf.where(record, self.step, self.first_non_finite_step))
         self.first_non_finite_loss.assign(tf.where(record, loss, self.first_non_finite_loss))
         self.step.assign_add(1)
-        return loss
+        return loss, verdict[2:] > 0
 
     def train_step(self, batch: Batch) -> tf.Tensor:
         """One optimizer step on one global batch; returns the (unscaled) loss."""
-        return self._train_step(batch)
+        return self.train_step_agreeing(batch, [False] * len(REQUESTS))[0]
+
+    def train_step_agreeing(
+        self, batch: Batch, requests: Sequence[bool]
+    ) -> tuple[tf.Tensor, tf.Tensor]:
+        """`train_step`, with this rank's `requests` (one bool per `REQUESTS`
+        name): returns the loss and, per request, whether any rank made it; every
+        rank gets the same answer after the same step."""
+        return self._train_step(batch, tf.constant(requests, tf.float32))
 
     def check_finite(self) -> None:
         """Raises `NonFiniteLossError` if any step so far had a NaN/inf loss."""

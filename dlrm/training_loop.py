@@ -1,6 +1,13 @@
 """The training loop of `--mode train`: steps, progress, evaluations and
-checkpoints, resumed from `--restore_checkpoint_path` at its step and data
-position."""
+checkpoints, resumed from `--restore_checkpoint_path` (or, with `--resume`, the
+newest checkpoint in `--save_checkpoint_path`) at its step and data position.
+
+Checkpoints are written after each evaluation, every `--checkpoint_every_steps`
+steps, when `--checkpoint_every_seconds` passed on rank 0's clock since the last
+one, and when a preemption signal stops the run (`dlrm.preemption`). The ranks
+agree on the last two through the step itself (`Trainer.train_step_agreeing`), so
+every rank writes, or stops, after the same step.
+"""
 
 from __future__ import annotations
 
@@ -15,8 +22,9 @@ from dataloading.split_binary import (
     SplitBinaryDataset,
 )
 from dlrm import metrics
-from dlrm.checkpoint import Checkpoint
+from dlrm.checkpoint import Checkpoint, CheckpointError, list_checkpoints
 from dlrm.modes import eval_record, evaluate
+from dlrm.preemption import StopSignals, parse_signal
 from dlrm.reporting import Throughput, format_duration
 from dlrm.session import Session, open_checkpoint
 from dlrm.training_state import (
@@ -56,8 +64,8 @@ def train(session: Session) -> dict[str, Any]:
     if config.max_steps > 0:
         total_steps = min(total_steps, config.max_steps)
     start_step = 0
-    if config.restore_checkpoint_path:
-        path = config.restore_checkpoint_path
+    path = resume_path(session) or config.restore_checkpoint_path
+    if path:
 
         def restore() -> tuple[Checkpoint, int]:
             checkpoint = open_checkpoint(path, session.model_config)
@@ -94,59 +102,99 @@ def train(session: Session) -> dict[str, Any]:
     train_seconds = 0.0
     last_result: metrics.EvaluationResult | None = None
     checkpoint_path: Path | None = None
+    saved_step = start_step if path else -1
+    last_save = time.monotonic()
     step = start_step
     loss = float("nan")
-    while step < total_steps:
-        epoch, position = divmod(step, steps_per_epoch)
-        segment_start = time.perf_counter()
-        for batch in train_data.batches(start=position):
-            loss_tensor = trainer.train_step(batch)
-            step += 1
-            report = step % config.print_freq == 0
-            if report or step in evals or step == total_steps:
-                # Each rank's loss is its share of the global mean: their sum is it.
-                loss = float(session.collectives.allreduce_sum([loss_tensor], ["loss"])[0].numpy())
-                trainer.check_finite()
-            if report:
-                samples_per_second, eta = throughput.mark(step)
-                lr = float(trainer.learning_rate(tf.constant(step - 1, tf.int64)))
-                log.print(
-                    f"epoch {epoch} step {step:,}/{total_steps:,} | loss {loss:.5f} | "
-                    f"lr {lr:.4g} | {samples_per_second:,.0f} samples/s | "
-                    f"ETA {format_duration(eta)}"
+    stopped = False
+    lead = session.collectives.rank == 0
+
+    def save() -> None:
+        nonlocal checkpoint_path, saved_step, last_save
+        if config.save_checkpoint_path and saved_step != step:
+            start = time.perf_counter()
+            checkpoint_path = save_training_state(
+                trainer,
+                config.save_checkpoint_path,
+                manifest_fields(session),
+                keep=config.keep_checkpoints,
+            )
+            seconds = time.perf_counter() - start
+            saved_step = step
+            log.print(f"checkpoint: {checkpoint_path} ({seconds:.1f} s)")
+            log.write("checkpoint", step=step, path=str(checkpoint_path), seconds=seconds)
+        last_save = time.monotonic()
+
+    signal = parse_signal(config.preemption_signal) if config.preemption_signal else None
+    with StopSignals(signal) as signals:
+        while step < total_steps and not stopped:
+            epoch, position = divmod(step, steps_per_epoch)
+            segment_start = time.perf_counter()
+            # Held until the loop is over: dropping an iterator with reads in flight
+            # waits for them (about a second, far longer on a loaded host), which
+            # must not come between a preemption signal and its checkpoint.
+            batches = train_data.batches(start=position)
+            for batch in batches:
+                timer = (
+                    lead
+                    and config.checkpoint_every_seconds > 0
+                    and time.monotonic() - last_save >= config.checkpoint_every_seconds
                 )
-                log.write(
-                    "train",
-                    step=step,
-                    epoch=epoch,
-                    loss=loss,
-                    learning_rate=lr,
-                    samples_per_second=samples_per_second,
+                loss_tensor, agreed = trainer.train_step_agreeing(
+                    batch, [signals.seen is not None, timer]
                 )
-            if step in evals:
-                train_seconds += time.perf_counter() - segment_start
-                last_result = evaluate(session)
-                log.print(
-                    f"eval at step {step:,}: AUC {last_result.auc:.5f} | logloss "
-                    f"{last_result.logloss:.5f} | accuracy {last_result.accuracy:.4f} "
-                    f"({last_result.samples:,} samples)"
-                )
-                log.write("eval", step=step, epoch=epoch, **eval_record(last_result))
-                if config.save_checkpoint_path:
-                    checkpoint_path = save_training_state(
-                        trainer,
-                        config.save_checkpoint_path,
-                        manifest_fields(session),
-                        keep=config.keep_checkpoints,
+                step += 1
+                stopped, timed = (bool(flag) for flag in agreed.numpy())
+                report = step % config.print_freq == 0
+                if report or step in evals or step == total_steps or stopped:
+                    # Each rank's loss is its share of the global mean: their sum is it.
+                    loss = float(
+                        session.collectives.allreduce_sum([loss_tensor], ["loss"])[0].numpy()
                     )
-                    log.print(f"checkpoint: {checkpoint_path}")
-                throughput.mark(step)
-                segment_start = time.perf_counter()
-            if step >= total_steps:
-                break
-        train_seconds += time.perf_counter() - segment_start
+                    trainer.check_finite()
+                if report:
+                    samples_per_second, eta = throughput.mark(step)
+                    lr = float(trainer.learning_rate(tf.constant(step - 1, tf.int64)))
+                    log.print(
+                        f"epoch {epoch} step {step:,}/{total_steps:,} | loss {loss:.5f} | "
+                        f"lr {lr:.4g} | {samples_per_second:,.0f} samples/s | "
+                        f"ETA {format_duration(eta)}"
+                    )
+                    log.write(
+                        "train",
+                        step=step,
+                        epoch=epoch,
+                        loss=loss,
+                        learning_rate=lr,
+                        samples_per_second=samples_per_second,
+                    )
+                if stopped:
+                    break
+                periodic = (
+                    config.checkpoint_every_steps > 0 and step % config.checkpoint_every_steps == 0
+                )
+                if step in evals or periodic or timed:
+                    train_seconds += time.perf_counter() - segment_start
+                    if step in evals:
+                        last_result = evaluate(session)
+                        log.print(
+                            f"eval at step {step:,}: AUC {last_result.auc:.5f} | logloss "
+                            f"{last_result.logloss:.5f} | accuracy {last_result.accuracy:.4f} "
+                            f"({last_result.samples:,} samples)"
+                        )
+                        log.write("eval", step=step, epoch=epoch, **eval_record(last_result))
+                    save()
+                    throughput.mark(step)
+                    segment_start = time.perf_counter()
+                if step >= total_steps:
+                    break
+            train_seconds += time.perf_counter() - segment_start
+        if stopped:  # still under StopSignals: a second signal does not cut the save short
+            log.print(f"preemption signal: stopping at step {step:,}")
+            log.write("preempted", step=step, loss=loss)
+            save()
     trainer.check_finite()
-    if last_result is None:  # resumed at or past the end: evaluate what was restored
+    if last_result is None and not stopped:  # resumed at or past the end: evaluate it
         last_result = evaluate(session)
     trained = step - start_step
     summary = {
@@ -158,11 +206,35 @@ def train(session: Session) -> dict[str, Any]:
         if train_seconds > 0
         else 0.0,
         "wall_time_s": time.perf_counter() - wall_start,
-        **eval_record(last_result),
+        **(eval_record(last_result) if last_result is not None else {}),
         "checkpoint": str(checkpoint_path) if checkpoint_path else None,
         "world_size": session.collectives.world_size,
     }
+    if stopped:
+        summary["preempted"] = True
     return summary
+
+
+def resume_path(session: Session) -> str | None:
+    """With `--resume`, the newest complete checkpoint in `--save_checkpoint_path`,
+    as rank 0 sees it (None when there is none yet); every rank must see the same
+    one, else every rank stops with `CheckpointError` naming the ranks."""
+    config = session.config
+    if not (config.resume and config.save_checkpoint_path):
+        return None
+    found = list_checkpoints(config.save_checkpoint_path)
+    newest = str(found[-1]) if found else None
+    seen = session.collectives.allgather_object(newest, name="resume_from")
+    if any(other != seen[0] for other in seen):
+        error = CheckpointError(
+            f"--resume: the ranks see different newest checkpoints in "
+            f"{config.save_checkpoint_path}: "
+            + ", ".join(f"rank {rank}: {path or 'none'}" for rank, path in enumerate(seen))
+            + "; it must be a directory every rank sees alike (a shared file system)"
+        )
+        error.same_on_every_rank = True
+        raise error
+    return seen[0]
 
 
 def manifest_fields(session: Session) -> dict[str, Any]:

@@ -4,16 +4,21 @@ and checkpoints that move between 1 and 2 ranks."""
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
+import psutil
 import pytest
 
 from dataloading.synthetic import generate_split_binary
 from dlrm.checkpoint import Checkpoint
 from dlrm.embedding.planner import PlannerConfig, ShardingPlan, TableSpec, plan_sharding
-from tests.integration.conftest import horovodrun, run
+from dlrm.preemption import EXIT_PREEMPTED
+from tests.integration.conftest import REPO, horovodrun, process_env, run
 
 CARDINALITIES = (50, 200, 1000, 30, 5000, 7, 400, 90)
 FLAGS = [
@@ -120,3 +125,82 @@ def test_two_ranks_resume_a_one_rank_checkpoint_like_one_rank(
         f"--saved_model_output_path={saved_model}",
     )
     assert (saved_model / "saved_model.pb").exists()
+
+
+def rank_process(rank: int, marker: str) -> psutil.Process:
+    """The process of `rank` among those whose command line holds `marker`."""
+    for process in psutil.process_iter(["cmdline"]):
+        try:
+            if marker in " ".join(process.info["cmdline"] or []) and (
+                process.environ().get("HOROVOD_RANK") == str(rank)
+            ):
+                return process
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    raise AssertionError(f"no rank {rank} process running with {marker}")
+
+
+def logged_steps(log: Path) -> list[int]:
+    if not log.exists():
+        return []
+    lines = log.read_text().splitlines()
+    return [json.loads(line)["step"] for line in lines[:-1] if '"event": "train"' in line]
+
+
+def test_sigterm_to_one_rank_stops_both_at_one_checkpoint_and_resume_ends_like_one_process(
+    dataset: Path, tmp_path: Path
+) -> None:
+    """A scheduler's SIGTERM reaches rank 1 alone: both ranks stop after the same
+    step, write one checkpoint together and exit with the "preempted" status; the
+    same command then resumes it (--resume) and ends with one process's weights."""
+    steps = 300  # 48 steps an epoch: the signal lands well before the end
+    straight, run_dir = tmp_path / "straight", tmp_path / "run"
+    data = f"--dataset_path={dataset}"
+    main_py(1, data, "--epochs=7", f"--max_steps={steps}", f"--save_checkpoint_path={straight}")
+    flags = [
+        data,
+        "--epochs=7",
+        f"--max_steps={steps}",
+        f"--save_checkpoint_path={run_dir}",
+        "--resume",
+        "--print_freq=5",
+    ]
+    command = [horovodrun(), "--gloo", "-np", "2", "-H", "localhost:2"]
+    command += [sys.executable, "main.py", *FLAGS, *flags]
+    launcher = subprocess.Popen(
+        command,
+        cwd=REPO,
+        env=process_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 240
+        while not logged_steps(run_dir / "metrics.jsonl"):  # the loop runs: handlers are in
+            assert launcher.poll() is None and time.monotonic() < deadline, launcher.stdout
+            time.sleep(0.05)
+        signalled_after = logged_steps(run_dir / "metrics.jsonl")[-1]
+        rank_process(1, str(run_dir)).send_signal(signal.SIGTERM)
+        output, _ = launcher.communicate(timeout=240)
+    finally:
+        launcher.kill()
+    assert launcher.returncode != 0, output[-3000:]
+    # Rank 0 exits first with the status, and horovodrun names it.
+    assert f"Exit code: {EXIT_PREEMPTED}" in output, output[-3000:]
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    (preempted,) = [r for r in records if r["event"] == "preempted"]
+    stop = preempted["step"]
+    assert signalled_after < stop < steps
+    assert f"stopped at step {stop} by a preemption signal" in output, output[-3000:]
+    # One checkpoint, both ranks' shards in it: they stopped at the same step.
+    written = Checkpoint(run_dir / f"step_{stop:09d}")
+    assert written.manifest["world_size"] == 2 and written.step == stop
+    assert [p.name for p in run_dir.glob("step_*")] == [written.path.name]
+
+    main_py(2, *flags)  # the same command: continues from the checkpoint
+    resumed = summary(run_dir / "metrics.jsonl")
+    assert resumed["steps"] == steps and resumed["steps_this_run"] == steps - stop
+    assert_same_checkpoint(
+        Checkpoint(straight / f"step_{steps:09d}"), Checkpoint(run_dir / f"step_{steps:09d}")
+    )

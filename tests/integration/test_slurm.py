@@ -11,12 +11,15 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
+from dlrm.checkpoint import Checkpoint
 from feature_spec import FeatureSpec
 from tests.integration.conftest import REPO, run
 from tests.integration.slurm_cluster import SlurmCluster, install_reason, start_cluster, tail
@@ -100,8 +103,22 @@ def submit(
     """Submits `slurm/<script>` on `nodes` nodes from the repo root (the default
     DLRM_HOME), waits for the end, and returns `scontrol show job`'s fields. The
     scripts' variables come from `environment` alone, never from the caller's shell."""
+    job_id = start(cluster, script, output, environment, arguments, sbatch_options, nodes)
+    return cluster.wait_for_job(job_id, timeout=JOB_TIMEOUT)
+
+
+def start(
+    cluster: SlurmCluster,
+    script: str,
+    output: Path,
+    environment: dict[str, str],
+    arguments: list[str],
+    sbatch_options: tuple[str, ...] = ("--ntasks=2",),
+    nodes: int = 1,
+) -> int:
+    """`submit` without the wait: the job's id."""
     inherited = {k: v for k, v in cluster.env.items() if k not in SCRIPT_VARIABLES}
-    job_id = cluster.sbatch(
+    return cluster.sbatch(
         [
             *sbatch_options,
             f"--nodes={nodes}",
@@ -113,7 +130,6 @@ def submit(
         env={**inherited, "DLRM_PYTHON": sys.executable, **environment},
         cwd=REPO,
     )
-    return cluster.wait_for_job(job_id, timeout=JOB_TIMEOUT)
 
 
 def assert_completed(job: dict[str, str], output: Path) -> None:
@@ -147,6 +163,60 @@ def test_training_script_trains_two_ranks_and_checkpoints(
     assert (manifest["step"], manifest["world_size"]) == (STEPS, 2), tail(output)
     kinds = {table["kind"] for table in manifest["plan"]["tables"]}
     assert kinds == {"data_parallel", "table_wise"}, f"{kinds}\n{tail(output)}"
+
+
+def test_a_requeued_job_continues_from_its_checkpoint_like_an_uninterrupted_one(
+    cluster: SlurmCluster, dataset: Path, tmp_path: Path
+) -> None:
+    """`scontrol requeue` of a running 2-rank job: Slurm sends every rank SIGTERM,
+    the ranks stop after one same step with a checkpoint, and the job, started
+    again with the same flags, continues from it (the script passes --resume) to
+    the weights of a job that ran straight through."""
+    steps = 600  # 39 steps an epoch; the requeue lands within the first few dozen
+    flags = [*TRAIN_FLAGS, "--epochs=16", f"--max_steps={steps}", "--print_freq=5"]
+    straight, straight_out = tmp_path / "straight", tmp_path / "straight.out"
+    environment = {"DATASET_PATH": str(dataset), "CHECKPOINT_DIR": str(straight)}
+    assert_completed(
+        submit(cluster, "train_srun.sbatch", straight_out, environment, flags), straight_out
+    )
+
+    checkpoints, output = tmp_path / "requeued", tmp_path / "job.out"
+    environment = {"DATASET_PATH": str(dataset), "CHECKPOINT_DIR": str(checkpoints)}
+    job_id = start(cluster, "train_srun.sbatch", output, environment, flags)
+    log = checkpoints / "metrics.jsonl"
+    deadline = time.monotonic() + JOB_TIMEOUT
+    while not (log.is_file() and '"event": "train"' in log.read_text()):  # the loop runs
+        assert time.monotonic() < deadline, tail(output)
+        assert cluster.job(job_id).get("JobState") in ("PENDING", "RUNNING"), tail(output)
+        time.sleep(0.2)
+    cluster.client(["scontrol", "requeue", str(job_id)])
+    # Slurm holds a requeued job for about two minutes before it may start again.
+    while cluster.job(job_id).get("JobState") != "PENDING":
+        assert time.monotonic() < deadline, tail(output)
+        time.sleep(1)
+    cluster.client(["scontrol", "update", f"JobId={job_id}", "StartTime=now"])
+    job = cluster.wait_for_job(job_id, timeout=JOB_TIMEOUT)
+
+    assert_completed(job, output)
+    assert job.get("Restarts") == "1", tail(output)
+    records = [json.loads(line) for line in log.read_text().splitlines()]
+    (preempted,) = [r for r in records if r["event"] == "preempted"]
+    stop = preempted["step"]
+    assert 0 < stop < steps, tail(output)
+    resumed = metrics_summary(log, output)
+    assert (resumed["steps"], resumed["steps_this_run"]) == (steps, steps - stop), tail(output)
+    expected = Checkpoint(straight / f"step_{steps:09d}")
+    got = Checkpoint(checkpoints / f"step_{steps:09d}")
+    for name, value in expected.dense().items():
+        np.testing.assert_allclose(got.dense()[name], value, rtol=2e-5, atol=1e-6, err_msg=name)
+    for table, rows in enumerate(int(c) for c in CARDINALITIES.split(",")):
+        np.testing.assert_allclose(
+            got.read_table_slice(table, (0, rows), (0, 8), None),
+            expected.read_table_slice(table, (0, rows), (0, 8), None),
+            rtol=2e-5,
+            atol=1e-6,
+            err_msg=f"table {table}",
+        )
 
 
 def test_preprocess_script_writes_a_dataset(cluster: SlurmCluster, tmp_path: Path) -> None:

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import signal
 from pathlib import Path
 
 import pytest
 from absl import flags
 
 from dlrm.config import DEFAULT_CPU_DENSE_CHUNK_ROWS, ConfigError, RunConfig, check_world_size
+from dlrm.preemption import parse_signal
 from dlrm.training_loop import eval_steps
 
 
@@ -40,11 +42,28 @@ def config(**overrides: object) -> RunConfig:
             {"interaction": "cross", "cross_layer_projection_dim": -1},
             r"--cross_layer_projection_dim: expected >= 0 \(0: full rank\), got -1",
         ),
+        (
+            {"checkpoint_every_steps": 100},
+            r"--checkpoint_every_steps: needs --save_checkpoint_path",
+        ),
+        (
+            {"checkpoint_every_seconds": -1.0, "save_checkpoint_path": "/c"},
+            r"--checkpoint_every_seconds: expected >= 0 \(0: never\), got -1.0",
+        ),
+        ({"resume": True}, r"--resume: needs --save_checkpoint_path"),
+        ({"preemption_signal": "USR9"}, r"--preemption_signal: expected a signal name .* 'USR9'"),
+        ({"preemption_signal": "KILL"}, r"--preemption_signal: SIGKILL cannot be caught"),
     ],
 )
 def test_errors_name_the_flag(overrides: dict, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         config(**overrides)
+
+
+def test_preemption_signals_by_name_or_number() -> None:
+    assert parse_signal("USR1") == parse_signal("sigusr1") == signal.SIGUSR1
+    assert parse_signal(str(int(signal.SIGUSR2))) == signal.SIGUSR2
+    assert config(preemption_signal="USR1").preemption_signal == "USR1"
 
 
 def test_dense_chunks_default_to_cpus_only() -> None:

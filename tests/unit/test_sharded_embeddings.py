@@ -677,6 +677,42 @@ def test_vectors_cross_per_chunk_and_train_as_one_process(
             assert f"{name}_{chunks}" not in result["collectives"]
 
 
+def test_a_request_of_one_rank_reaches_every_rank_after_the_same_step() -> None:
+    """Rank 1 asks to stop with the second step, rank 0 to checkpoint with the
+    third: every rank gets each answer after that same step, through the step's
+    own allreduce (no collective of its own), and the requests change no weight."""
+
+    def work(collectives: SimulatedCollectives) -> dict[str, Any]:
+        rank, world = collectives.rank, collectives.world_size
+        trainer = rank_trainer(collectives, "mixed", "sgd", False)
+        answers, losses = [], []
+        for step, batch in enumerate(global_batches()):
+            requests = [rank == 1 and step == 1, rank == 0 and step == 2]
+            loss, agreed = trainer.train_step_agreeing(
+                rank_batch(trainer, batch, rank, world), requests
+            )
+            answers.append(agreed.numpy().tolist())
+            losses.append(float(loss))
+        names = collectives.collective_names()
+        return {**trained_state(trainer, losses), "answers": answers, "collectives": names}
+
+    results = run_ranks(2, work)
+    for rank, result in enumerate(results):
+        assert result["answers"] == [[False, False], [True, False], [False, True]], rank
+        assert not any("request" in name or "stop" in name for name in result["collectives"])
+    assert_trained_as_one_process(results, one_process("sgd"), "sgd")
+
+
+def test_one_process_answers_its_own_requests() -> None:
+    trainer = make_trainer("sgd", None, None, HOTNESS)
+    batch = global_batches()[0]
+    categorical = tuple(as_tensor(x) for x in batch["ids"])
+    inputs = Batch(batch["numerical"], categorical, batch["label"], batch["weight"])
+    for requests in ([False, True], [True, False]):
+        _, agreed = trainer.train_step_agreeing(inputs, requests)
+        assert agreed.numpy().tolist() == requests
+
+
 # In the "mixed" plan table 0 is replicated and table 1 lives on rank 1 alone.
 POISONS = {
     "loss": nan_in_one_logit,

@@ -19,7 +19,7 @@ from dlrm.checkpoint import Checkpoint, CheckpointError
 from dlrm.config import RunConfig
 from dlrm.reporting import MetricsLog
 from dlrm.session import Session, build_session
-from dlrm.trainer import NonFiniteLossError
+from dlrm.trainer import REQUESTS, NonFiniteLossError
 from dlrm.training_state import (
     check_model_matches,
     restore_training_state,
@@ -162,10 +162,13 @@ def test_dense_chunks_train_and_predict_as_the_whole_batch_does(
     assert sum("_dense_eager" in name for name in calls) == 3
 
 
+NO_REQUESTS = tf.zeros([len(REQUESTS)])
+
+
 def dense_step_calls(s: Session, batch: Any) -> int:
     """How many times the traced training step calls the dense part's function."""
     assert s.trainer is not None
-    graph = s.trainer._train_step.get_concrete_function(batch).graph.as_graph_def()
+    graph = s.trainer._train_step.get_concrete_function(batch, NO_REQUESTS).graph.as_graph_def()
     return sum("_dense_step_eager" in node.attr["f"].func.name for node in graph.node)
 
 
@@ -190,7 +193,7 @@ def assert_train_alike(ours: Session, reference: Session, data: list[Batch]) -> 
 def step_nodes(s: Session, batch: Any) -> list[Any]:
     """The ops of the traced training step, its nested functions included."""
     assert s.trainer is not None
-    graph = s.trainer._train_step.get_concrete_function(batch).graph.as_graph_def()
+    graph = s.trainer._train_step.get_concrete_function(batch, NO_REQUESTS).graph.as_graph_def()
     nodes = list(graph.node)
     for function in graph.library.function:
         nodes += function.node_def

@@ -1,0 +1,173 @@
+"""The training loop on one process: periodic checkpoints, a preemption signal
+stopping at a checkpoint, and `--resume` continuing it to the weights of a run
+that was never stopped."""
+
+from __future__ import annotations
+
+import io
+import os
+import signal
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from dataloading.synthetic import generate_split_binary
+from dlrm.checkpoint import Checkpoint, CheckpointError, list_checkpoints
+from dlrm.config import RunConfig
+from dlrm.reporting import MetricsLog
+from dlrm.session import Session, build_session
+from dlrm.training_loop import train
+
+CARDINALITIES = (23, 7, 11, 130, 5)
+BATCH = 64
+STEPS = 10
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("data") / "synthetic"
+    generate_split_binary(path, CARDINALITIES, 3, rows={"train": 8 * BATCH, "test": 200}, seed=4)
+    return path
+
+
+def session(dataset: Path, **overrides: object) -> Session:
+    values: dict = {
+        "dataset_path": str(dataset),
+        "batch_size": BATCH,
+        "optimizer": "adagrad",
+        "learning_rate": 0.05,
+        "warmup_steps": 0,
+        "decay_start_step": 0,
+        "embedding_dim": 6,
+        "bottom_mlp_dims": (9, 6),
+        "top_mlp_dims": (11, 1),
+        "seed": 1,
+        "epochs": 2,  # 8 steps an epoch: the run crosses an epoch
+        "max_steps": STEPS,
+        "evals_per_epoch": 0,
+        "keep_checkpoints": 20,
+    }
+    values.update(overrides)
+    return build_session(RunConfig(**values), MetricsLog(None, None, console=io.StringIO()))
+
+
+def steps_saved(root: Path) -> list[int]:
+    return [Checkpoint(path).step for path in list_checkpoints(root)]
+
+
+def signal_before_step(s: Session, step: int, sig: signal.Signals) -> None:
+    """Sends `sig` to this process just before the trainer's `step`-th call (1-based)."""
+    assert s.trainer is not None
+    calls = 0
+    step_function: Callable[..., Any] = s.trainer.train_step_agreeing
+
+    def wrapped(*args: Any) -> Any:
+        nonlocal calls
+        calls += 1
+        if calls == step:
+            os.kill(os.getpid(), sig)
+        return step_function(*args)
+
+    s.trainer.train_step_agreeing = wrapped  # type: ignore[method-assign]
+
+
+def assert_same_weights(a: Checkpoint, b: Checkpoint) -> None:
+    assert a.step == b.step
+    for name, value in a.dense().items():
+        np.testing.assert_allclose(b.dense()[name], value, rtol=1e-6, atol=1e-8, err_msg=name)
+    for table, rows in enumerate(CARDINALITIES):
+        for slot in (None, "accumulator"):
+            np.testing.assert_allclose(
+                b.read_table_slice(table, (0, rows), (0, 6), slot),
+                a.read_table_slice(table, (0, rows), (0, 6), slot),
+                rtol=1e-6,
+                atol=1e-8,
+            )
+
+
+def test_checkpoints_every_n_steps_and_at_the_end(dataset: Path, tmp_path: Path) -> None:
+    summary = train(session(dataset, save_checkpoint_path=str(tmp_path), checkpoint_every_steps=3))
+    assert steps_saved(tmp_path) == [3, 6, 9, 10]
+    assert summary["steps"] == STEPS and "preempted" not in summary
+
+
+def test_keep_bounds_the_periodic_checkpoints(dataset: Path, tmp_path: Path) -> None:
+    train(
+        session(
+            dataset,
+            save_checkpoint_path=str(tmp_path),
+            checkpoint_every_steps=2,
+            keep_checkpoints=2,
+        )
+    )
+    assert steps_saved(tmp_path) == [8, 10]
+
+
+def test_checkpoints_when_the_interval_has_passed(dataset: Path, tmp_path: Path) -> None:
+    """An interval shorter than a step: a checkpoint after every step, all ranks
+    told through the step (rank 0's clock)."""
+    train(
+        session(
+            dataset, save_checkpoint_path=str(tmp_path), checkpoint_every_seconds=1e-6, max_steps=3
+        )
+    )
+    assert steps_saved(tmp_path) == [1, 2, 3]
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGUSR1])
+def test_a_preemption_signal_stops_at_a_checkpoint_and_resume_continues_it(
+    dataset: Path, tmp_path: Path, sig: signal.Signals
+) -> None:
+    straight = tmp_path / "straight"
+    train(session(dataset, save_checkpoint_path=str(straight)))
+
+    stopped = tmp_path / "stopped"
+    flags: dict[str, Any] = {"save_checkpoint_path": str(stopped), "resume": True}
+    if sig != signal.SIGTERM:
+        flags["preemption_signal"] = sig.name
+    before = signal.getsignal(sig)
+    first = session(dataset, **flags)
+    # The signal arrives while step 4 is prepared: it goes with step 5's requests.
+    signal_before_step(first, 4, sig)
+    summary = train(first)
+    assert summary["preempted"] and summary["steps"] == 5
+    assert "auc" not in summary  # no evaluation on the way out
+    assert steps_saved(stopped) == [5]
+    assert summary["checkpoint"] == str(stopped / "step_000000005")
+    assert signal.getsignal(sig) == before  # the handler is the process's again
+
+    # The same flags again: --resume finds step 5 and trains the rest.
+    resumed = train(session(dataset, **flags))
+    assert resumed["steps"] == STEPS and resumed["steps_this_run"] == STEPS - 5
+    assert "preempted" not in resumed
+    assert steps_saved(stopped) == [5, STEPS]
+    assert_same_weights(
+        Checkpoint(straight / "step_000000010"), Checkpoint(stopped / "step_000000010")
+    )
+
+
+def test_resume_starts_fresh_when_there_is_no_checkpoint_yet(dataset: Path, tmp_path: Path) -> None:
+    summary = train(session(dataset, save_checkpoint_path=str(tmp_path), resume=True, max_steps=2))
+    assert summary["steps_this_run"] == 2
+
+
+def test_resume_prefers_the_run_own_checkpoints_to_restore_checkpoint_path(
+    dataset: Path, tmp_path: Path
+) -> None:
+    warm, run = tmp_path / "warm", tmp_path / "run"
+    train(session(dataset, save_checkpoint_path=str(warm), max_steps=2))
+    flags = {"save_checkpoint_path": str(run), "restore_checkpoint_path": str(warm), "resume": True}
+    assert train(session(dataset, **flags, max_steps=4))["steps_this_run"] == 2  # from warm
+    assert train(session(dataset, **flags, max_steps=6))["steps_this_run"] == 2  # from run's 4
+
+
+def test_an_unreadable_newest_checkpoint_is_an_error_not_a_fresh_start(
+    dataset: Path, tmp_path: Path
+) -> None:
+    train(session(dataset, save_checkpoint_path=str(tmp_path), max_steps=2))
+    (tmp_path / "step_000000002" / "manifest.json").write_text("{")
+    with pytest.raises(CheckpointError, match="step_000000002"):
+        train(session(dataset, save_checkpoint_path=str(tmp_path), resume=True))
