@@ -19,7 +19,7 @@ from typing import Any
 # EX_TEMPFAIL, "try again later". The same command with --resume continues it.
 EXIT_PREEMPTED = 75
 
-# Signals that cannot be caught, and those that mean something else to a terminal.
+# Signals that cannot be caught.
 UNCATCHABLE = frozenset({"SIGKILL", "SIGSTOP"})
 
 
@@ -45,7 +45,7 @@ class StopSignals:
     """While entered, SIGTERM and `extra` (if given) set `seen` instead of ending
     the process; the previous handlers come back on exit. Only the main thread
     can install handlers; elsewhere (tests driving a loop from a thread) the
-    signals are left alone and `seen` stays False."""
+    signals are left alone and `seen` stays None."""
 
     def __init__(self, extra: signal.Signals | None = None) -> None:
         self.signals = [signal.SIGTERM] + ([extra] if extra and extra != signal.SIGTERM else [])
