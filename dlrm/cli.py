@@ -209,6 +209,13 @@ flags.DEFINE_bool(
     "Continue from the newest complete checkpoint in --save_checkpoint_path when it has "
     "one (else start as the other flags say): the same command starts and restarts a run.",
 )
+flags.DEFINE_bool(
+    "warm_start",
+    _D("warm_start"),
+    "With --restore_checkpoint_path: start from its weights and optimizer state at step 0 "
+    "of this run's data and schedule (the next day's data), not at its step. Its tables "
+    "grow to this dataset's cardinalities when the dataset extends its vocabulary.",
+)
 flags.DEFINE_string(
     "preemption_signal",
     None,

@@ -139,6 +139,9 @@ class RunConfig:
     checkpoint_every_seconds: float = 0.0
     # Continue from the newest checkpoint in save_checkpoint_path when it has one.
     resume: bool = False
+    # Start from restore_checkpoint_path's weights and optimizer state, at step 0
+    # of this run's data and schedule (a new day's data), not at its step.
+    warm_start: bool = False
     # Besides SIGTERM, a signal that stops training at a checkpoint (dlrm.preemption).
     preemption_signal: str | None = None
     saved_model_output_path: str | None = None
@@ -220,6 +223,15 @@ class RunConfig:
         return write_file_atomically(Path(directory) / "config.json", text)
 
 
+def _same_directory(a: str | None, b: str | None) -> bool:
+    """Whether checkpoint directory `b` (a run's directory or a step_* in it) is, or is
+    in, directory `a`."""
+    if a is None or b is None:
+        return False
+    outer, inner = os.path.abspath(a), os.path.abspath(b)
+    return inner == outer or os.path.dirname(inner) == outer
+
+
 def _require(condition: bool, message: str) -> None:
     if not condition:
         raise ConfigError(message)
@@ -277,6 +289,17 @@ def _validate(c: RunConfig) -> None:
     _require(
         not c.resume or c.save_checkpoint_path is not None,
         "--resume: needs --save_checkpoint_path (the directory to continue from)",
+    )
+    _require(
+        not c.warm_start or c.restore_checkpoint_path is not None,
+        "--warm_start: needs --restore_checkpoint_path (the checkpoint to start from)",
+    )
+    _require(
+        not (c.warm_start and _same_directory(c.save_checkpoint_path, c.restore_checkpoint_path)),
+        f"--warm_start: expected a --save_checkpoint_path of its own, got "
+        f"{c.save_checkpoint_path}, which holds --restore_checkpoint_path "
+        f"{c.restore_checkpoint_path}: this run's checkpoints start again at step 1, and "
+        f"--resume or --keep_checkpoints would mistake the two runs' checkpoints",
     )
     if c.preemption_signal is not None:
         try:

@@ -49,6 +49,7 @@ from dlrm.training_state import (
     restore_on_every_rank,
 )
 from feature_spec import TEST_MAPPING, TRAIN_MAPPING, FeatureSpec, FeatureSpecError
+from feature_spec.vocabulary import VocabularyLineage
 
 
 def model_config_for(spec: FeatureSpec, config: RunConfig) -> ModelConfig:
@@ -110,6 +111,14 @@ class Session:
     collectives: Collectives
     plan: ShardingPlan | None
     hosts: list[str] = dataclasses.field(default_factory=list)  # each rank's hostname
+
+    @property
+    def vocabulary(self) -> VocabularyLineage | None:
+        """The vocabulary the dataset's ids come from, when it records one."""
+        try:
+            return VocabularyLineage.from_metadata(self.spec.metadata)
+        except FeatureSpecError as error:
+            raise DatasetError(f"{self.config.feature_spec_path}: {error}") from error
 
     def shard(self, global_batch_size: int) -> ShardSpec:
         """What this rank reads of each global batch."""
@@ -304,15 +313,17 @@ def build_session(
     )
 
 
-def open_checkpoint(path: str, model_config: ModelConfig) -> Checkpoint:
+def open_checkpoint(session: Session, path: str) -> Checkpoint:
+    """Opens `path` and checks it fits this run's model; its tables may have fewer
+    rows when this dataset's vocabulary extends the checkpoint's (they grow)."""
     checkpoint = Checkpoint(path)
-    check_model_matches(checkpoint, model_config.to_dict())
+    check_model_matches(checkpoint, session.model_config.to_dict(), session.vocabulary)
     return checkpoint
 
 
 def restore_weights(session: Session, path: str) -> Checkpoint:
     def restore() -> Checkpoint:
-        checkpoint = open_checkpoint(path, session.model_config)
+        checkpoint = open_checkpoint(session, path)
         restore_model_weights(session.model, checkpoint)
         return checkpoint
 

@@ -28,6 +28,8 @@ from dlrm.preemption import StopSignals, parse_signal
 from dlrm.reporting import Throughput, format_duration
 from dlrm.session import Session, open_checkpoint
 from dlrm.training_state import (
+    VOCABULARY_FIELD,
+    grown_tables,
     restore_on_every_rank,
     restore_training_state,
     save_training_state,
@@ -64,15 +66,26 @@ def train(session: Session) -> dict[str, Any]:
     if config.max_steps > 0:
         total_steps = min(total_steps, config.max_steps)
     start_step = 0
-    path = resume_path(session) or config.restore_checkpoint_path
+    own = resume_path(session)
+    path = own or config.restore_checkpoint_path
+    warm_start = config.warm_start and own is None
     if path:
 
         def restore() -> tuple[Checkpoint, int]:
-            checkpoint = open_checkpoint(path, session.model_config)
+            checkpoint = open_checkpoint(session, path)
             return checkpoint, restore_training_state(trainer, checkpoint)
 
-        checkpoint, start_step = restore_on_every_rank(session.collectives, path, restore)
-        log.print(f"restored {checkpoint.path} at step {start_step}")
+        checkpoint, saved_at = restore_on_every_rank(session.collectives, path, restore)
+        grown = "".join(
+            f"; table {t} grew from {old:,} to {new:,} rows"
+            for t, old, new in grown_tables(checkpoint, session.model_config.cardinalities)
+        )
+        if warm_start:  # this run's data and schedule from their start
+            trainer.step.assign(0)
+            log.print(f"warm start from {checkpoint.path} (its step {saved_at}){grown}")
+        else:
+            start_step = saved_at
+            log.print(f"restored {checkpoint.path} at step {start_step}{grown}")
     if config.save_checkpoint_path and session.collectives.rank == 0:
         config.write(config.save_checkpoint_path)
         if session.plan is not None:  # reusable with --sharding_plan
@@ -102,7 +115,7 @@ def train(session: Session) -> dict[str, Any]:
     train_seconds = 0.0
     last_result: metrics.EvaluationResult | None = None
     checkpoint_path: Path | None = None
-    saved_step = start_step if path else -1
+    saved_step = start_step if path and not warm_start else -1
     last_save = time.monotonic()
     step = start_step
     loss = float("nan")
@@ -244,4 +257,5 @@ def manifest_fields(session: Session) -> dict[str, Any]:
         "precision": session.precision.dtype_policy,
         "world_size": session.collectives.world_size,
         "plan": session.plan.to_dict() if session.plan is not None else None,
+        VOCABULARY_FIELD: session.vocabulary.id if session.vocabulary is not None else None,
     }
