@@ -12,6 +12,16 @@ preprocessed output has signal to learn.
 Options add what real logs contain: rows whose trailing empty fields are cut
 off (`short_row_fraction`), and malformed rows (`malformed_rows_per_day`: wrong
 field count, non-integer count, malformed categorical), counted in the report.
+
+`--drift F` (0 to 1; default 0, no drift) makes the click model drift over days,
+as in production, for day-by-day training: on day d >= 1 each categorical
+feature draws a share F of its values from ids first appearing that day (new
+ads, new items), and every older value's popularity shrinks by a factor 1 - F
+per day, so day 0's values fade. New values have effects of their own in the
+teacher (its effects are hashes of the ids), so a model not updated since an
+early day loses accuracy on later ones. Each table gets about F times its
+cardinality new ids a day (at least one). Day 0 is the same as without drift,
+and a day file does not depend on --days. `VocabularyDrift` has the details.
 """
 
 from __future__ import annotations
@@ -29,13 +39,15 @@ from typing import IO
 import numpy as np
 
 from dataloading.synthetic import DEFAULT_CARDINALITIES, build_teacher
-from dataloading.teacher import FeatureSampler, Teacher, splitmix64
+from dataloading.teacher import FeatureSampler, RawRows, Teacher, power_law_ids, splitmix64
 from feature_spec.staged import publish, start_staging
 
 NUM_INTEGER = 13
 NUM_CATEGORICAL = 26
 MALFORMED_KINDS = ("field_count", "numerical", "categorical")
 _MULTIPLIER = 0x9E3779B1  # odd: k -> k * M mod 2^32 is a bijection
+# Ids past it would collide with others in the 32-bit values written.
+MAX_ID = 2**32 - 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,6 +56,84 @@ class CriteoLogReport:
     rows_per_file: tuple[int, ...]  # lines written, malformed ones included
     malformed: dict[str, int]  # lines per kind, over all files
     positives: int  # label-1 lines among the well-formed ones
+
+
+@dataclasses.dataclass(frozen=True)
+class VocabularyDrift:
+    """How each categorical table's vocabulary changes from day to day.
+
+    Day d draws a table's values from generations 0..d. Generation 0 is the
+    table's own ids [0, C); generation g >= 1 holds `new_ids_per_day(C)` ids
+    first drawn on day g, `generation_ids(C, g)`. Generation d takes `rate` of
+    day d's draws, and every older generation's share shrinks by (1 - rate) a
+    day: on day d, generation g >= 1 has rate * (1 - rate)^(d - g), generation 0
+    (1 - rate)^d. Within a generation, ids follow the table's power law. With
+    about rate * C ids a generation, a new id is as popular as an original one
+    was on day 0.
+
+    Attributes:
+        rate: the share of a day's draws that go to that day's new ids, in [0, 1];
+            0 is no drift.
+    """
+
+    rate: float
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.rate <= 1.0:
+            raise ValueError(f"drift: expected a share in [0, 1], got {self.rate}")
+
+    def generation_shares(self, day: int) -> np.ndarray:
+        """[day + 1] float64: the share of day `day`'s draws per generation (sum 1)."""
+        age = day - np.arange(day + 1, dtype=np.float64)
+        shares = self.rate * np.power(1.0 - self.rate, age)
+        shares[0] = (1.0 - self.rate) ** day
+        return shares
+
+    def new_ids_per_day(self, cardinality: int) -> int:
+        return max(1, round(cardinality * self.rate)) if self.rate else 0
+
+    def generation_ids(self, cardinality: int, generation: int) -> range:
+        """The ids of `generation` of a table of `cardinality` ids."""
+        if generation == 0:
+            return range(cardinality)
+        size = self.new_ids_per_day(cardinality)
+        first = cardinality + (generation - 1) * size
+        return range(first, first + size)
+
+    def check_ids_fit(self, cardinalities: Sequence[int], days: int) -> None:
+        """Raises ValueError where a table's ids of `days` days pass `MAX_ID`."""
+        for table, cardinality in enumerate(cardinalities):
+            last_id = cardinality - 1 + max(days - 1, 0) * self.new_ids_per_day(cardinality)
+            if last_id > MAX_ID:
+                raise ValueError(
+                    f"drift: C{table + 1} (cardinality {cardinality}) would reach id "
+                    f"{last_id} by day {days - 1}; ids must stay <= {MAX_ID}"
+                )
+
+    def day_ids(
+        self,
+        ids: np.ndarray,
+        cardinality: int,
+        day: int,
+        rng: np.random.Generator,
+        exponent: float,
+    ) -> np.ndarray:
+        """[N] ids of day `day` from [N] power-law ids of generation 0.
+
+        Each row moves to a generation drawn from `generation_shares(day)`;
+        the rows left in generation 0 keep their ids, so its power law holds.
+        """
+        if day == 0 or self.rate == 0.0:
+            return ids
+        cumulative = np.cumsum(self.generation_shares(day))
+        generation = np.searchsorted(cumulative, rng.random(len(ids)), side="right")
+        generation = np.minimum(generation, day)  # a sum short of 1 by rounding
+        moved = generation > 0
+        size = self.new_ids_per_day(cardinality)
+        within = power_law_ids(rng, size, int(moved.sum()), exponent)
+        out = ids.copy()
+        out[moved] = cardinality + (generation[moved] - 1) * size + within
+        return out
 
 
 def categorical_values(table: int, ids: np.ndarray, seed: int) -> np.ndarray:
@@ -69,12 +159,19 @@ def generate_criteo_tsv(
     chunk_rows: int = 200_000,
     overwrite: bool = False,
     progress: Callable[[str], None] | None = None,
+    drift: float = 0.0,
 ) -> CriteoLogReport:
-    """Writes `days` Criteo-format day files into `output_dir`."""
+    """Writes `days` Criteo-format day files into `output_dir`.
+
+    `drift` is `VocabularyDrift.rate`: from day 1 on, that share of each day's
+    categorical draws goes to values new that day, and older values fade.
+    """
     if len(cardinalities) != NUM_CATEGORICAL:
         raise ValueError(
             f"cardinalities: expected {NUM_CATEGORICAL} values (C1..C26), got {len(cardinalities)}"
         )
+    vocabulary_drift = VocabularyDrift(drift)
+    vocabulary_drift.check_ids_fit(cardinalities, days)
     output = Path(output_dir)
     staging = start_staging(output, overwrite=overwrite)
     sampler = FeatureSampler(NUM_INTEGER, tuple(cardinalities), (1,) * NUM_CATEGORICAL, exponent)
@@ -85,6 +182,8 @@ def generate_criteo_tsv(
     for day, stream in enumerate(streams):
         name = f"day_{day}" + (".gz" if use_gzip else "")
         rng = np.random.default_rng(stream)
+        # A stream of its own, so that drift leaves the other draws as they were.
+        drift_rng = np.random.default_rng([seed, 0xD21F7, day])
         bad_at = set(
             rng.choice(
                 rows_per_day, size=min(malformed_rows_per_day, rows_per_day), replace=False
@@ -95,7 +194,17 @@ def generate_criteo_tsv(
         with opener(staging / name, "wt") as out:
             for done in range(0, rows_per_day, chunk_rows):
                 n = min(chunk_rows, rows_per_day - done)
-                lines, pos = _lines(sampler, teacher, rng, n, seed, short_row_fraction)
+                raw = sampler.sample(rng, n)
+                if drift:
+                    raw.ids = [
+                        vocabulary_drift.day_ids(
+                            _one_hot(table, ids), cardinality, day, drift_rng, exponent
+                        )
+                        for table, (ids, cardinality) in enumerate(
+                            zip(raw.ids, cardinalities, strict=True)
+                        )
+                    ]
+                lines, pos = _lines(raw, teacher, rng, seed, short_row_fraction)
                 positives += pos
                 for offset in sorted(i - done for i in bad_at if done <= i < done + n):
                     kind = MALFORMED_KINDS[(offset + day) % len(MALFORMED_KINDS)]
@@ -120,15 +229,20 @@ def generate_criteo_tsv(
     )
 
 
+def _one_hot(table: int, ids: object) -> np.ndarray:
+    if not isinstance(ids, np.ndarray):  # a log's fields hold one value each
+        raise TypeError(f"table {table}: expected one id per row, got variable-length ids")
+    return ids
+
+
 def _lines(
-    sampler: FeatureSampler,
+    raw: RawRows,
     teacher: Teacher,
     rng: np.random.Generator,
-    n: int,
     seed: int,
     short_row_fraction: float,
 ) -> tuple[list[str], int]:
-    raw = sampler.sample(rng, n)
+    n = len(raw.counts)
     short = rng.random(n) < short_row_fraction
     # A short row is one whose last two categoricals are missing and cut off.
     for table in (NUM_CATEGORICAL - 2, NUM_CATEGORICAL - 1):
@@ -141,9 +255,7 @@ def _lines(
         missing = raw.numerical_missing[:, j].tolist()
         columns.append([("" if m else v) for v, m in zip(values, missing, strict=True)])
     for t in range(NUM_CATEGORICAL):
-        ids = raw.ids[t]
-        if not isinstance(ids, np.ndarray):  # a log's fields hold one value each
-            raise TypeError(f"table {t}: expected one id per row, got variable-length ids")
+        ids = _one_hot(t, raw.ids[t])
         values = map("{:08x}".format, categorical_values(t, ids, seed).tolist())
         missing = raw.categorical_missing[t].tolist()
         columns.append([("" if m else v) for v, m in zip(values, missing, strict=True)])
@@ -183,8 +295,20 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m dataloading.c
     parser.add_argument("--gzip", action="store_true")
     parser.add_argument("--short_row_fraction", type=float, default=0.01)
     parser.add_argument("--malformed_rows_per_day", type=int, default=0)
+    parser.add_argument(
+        "--drift",
+        type=float,
+        default=0.0,
+        metavar="F",
+        help="from day 1 on, the share F (0 to 1) of each categorical feature's values "
+        "that are new that day, while older values fade by 1 - F a day; 0: no drift",
+    )
     parser.add_argument("--overwrite", action="store_true")
     args = parser.parse_args(argv)
+    try:
+        VocabularyDrift(args.drift).check_ids_fit(DEFAULT_CARDINALITIES, args.days)
+    except ValueError as error:
+        parser.error(str(error))
     try:
         report = _generate(args)
     except FileExistsError as error:  # an earlier log there: one line, not a traceback
@@ -207,6 +331,7 @@ def _generate(args: argparse.Namespace) -> CriteoLogReport:
         malformed_rows_per_day=args.malformed_rows_per_day,
         overwrite=args.overwrite,
         progress=lambda line: print(line, file=sys.stderr),
+        drift=args.drift,
     )
 
 
