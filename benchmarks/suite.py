@@ -28,6 +28,9 @@ synthetic Criteo-shaped dataset with the default model (13 numerical features,
   `benchmarks/collective_time.py`);
 - inference: `main.py --mode inference`, samples/s and p50/p99 batch latency;
 - the loader alone: samples/s of one rank reading the training split;
+- what a checkpoint costs: `benchmarks/checkpoint_pause.py` at 2 GiB of tables
+  (0.25 with `--quick`), the pause and its share of training time at a checkpoint
+  every 10, 30 and 60 minutes;
 - preprocessing: `benchmarks/preproc.py` (Spark local mode, a generated click
   log of each size in `--preproc_rows`), rows/s per stage and in all; twice per
   size in one Spark session, so that the cost in rows (rows/s at the largest log
@@ -45,7 +48,7 @@ synthetic Criteo-shaped dataset with the default model (13 numerical features,
 Prints one table, writes the figures as JSON (`--output`) and a plot of
 samples/s against batch size, ours and plain, fp32 and bf16 (`--plot`).
 `--quick` measures batch 8192, fp32 and `--amp`, one rank and a 200,000-line
-log: a few minutes instead of about 35 on 2 cores (the 3M-line log, generated and
+log: a few minutes instead of about 37 on 2 cores (the 3M-line log, generated and
 run twice, takes about 5 of them).
 """
 
@@ -373,6 +376,17 @@ def spark_floor(work: Path) -> dict[str, dict[str, Any]]:
     return figures
 
 
+def checkpoint_pause(work: Path, gib_size: float) -> dict[str, Any]:
+    """`benchmarks/checkpoint_pause.py`: the pause a checkpoint of about `gib_size`
+    GiB costs a one-process run, and its share of training time."""
+    output = work / "checkpoint_pause.json"
+    script = str(ROOT / "benchmarks" / "checkpoint_pause.py")
+    command = [sys.executable, script, f"--gib={gib_size}", f"--dir={work}", f"--json={output}"]
+    run_measured(command)
+    figures: dict[str, Any] = json.loads(output.read_text())
+    return figures
+
+
 def matmul_peaks() -> dict[str, float]:
     import tensorflow as tf
 
@@ -478,6 +492,15 @@ def print_table(results: dict[str, Any]) -> None:
         print(
             f"preprocessing first runs: {fit['fixed_seconds']:.1f} s apart from the lines + "
             f"{fit['seconds_per_million_lines']:.1f} s per million lines{within}"
+        )
+    pause = results.get("checkpoint_pause")
+    if pause:
+        shares = " / ".join(f"{share:.2%}" for share in pause["share_of_training"].values())
+        print(
+            f"a {pause['checkpoint_gib']:.2f} GiB checkpoint pauses training "
+            f"{pause['median_pause_s']:.1f} s ({pause['gib_per_s']:.2f} GiB/s), "
+            f"{pause['pause_in_steps']:.1f} steps; {shares} of training time at one every "
+            "10 / 30 / 60 min"
         )
     for kind, floor in results.get("spark_floor", {}).items():
         first, *later = floor["job_seconds"]
@@ -657,6 +680,9 @@ def main() -> int:
             results["collectives"] = collective_shares(dataset, work, min(batches), args.steps)
         results["inference"] = {str(b): inference(dataset, work, b) for b in batches}
         results["loader"] = {"batch_size": max(batches), **loader(dataset, max(batches))}
+        save(results, args.output)
+        print("checkpoint pause ...", flush=True)
+        results["checkpoint_pause"] = checkpoint_pause(work, 0.25 if args.quick else 2.0)
         save(results, args.output)
         if preproc_rows:
             by_rows: dict[str, dict[str, Any]] = {}
