@@ -9,6 +9,7 @@ from collections.abc import Callable, Sequence
 from feature_spec import FeatureSpecError
 from preproc.config import DEFAULT_ROWS_PER_PARTITION, PipelineConfig
 from preproc.errors import PreprocessingError
+from preproc.lineage import read_parent
 from preproc.pipeline import run_pipeline
 from preproc.report import format_report
 from preproc.spark import LOG_LEVELS, SparkSettings, parse_conf_items, start_spark
@@ -28,6 +29,20 @@ def add_output_flags(parser: argparse.ArgumentParser) -> None:
         default=[],
         metavar="NAME=N[,NAME=N...]",
         help="per-feature thresholds overriding --frequency_threshold (repeatable)",
+    )
+    parser.add_argument(
+        "--vocabulary_from",
+        metavar="DIR",
+        help="an earlier dataset of this pipeline: its ids are kept, new values get new ids "
+        "after them (a model trained on it can go on training on this one)",
+    )
+    parser.add_argument(
+        "--oov_buckets",
+        type=int,
+        default=0,
+        metavar="K",
+        help="rare and unseen values get one of the ids 1..K by a hash of the value "
+        "(default 0: they get id 0); must equal --vocabulary_from's",
     )
     parser.add_argument("--seed", type=int, default=0, help="seed of the train-row shuffle")
     parser.add_argument(
@@ -105,6 +120,8 @@ def spark_settings(args: argparse.Namespace) -> SparkSettings:
 def run_with_spark(config: PipelineConfig, args: argparse.Namespace) -> int:
     """Runs the pipeline in a Spark session built from the Spark flags, stops the
     session whatever happens, and prints the report."""
+    if config.vocabulary_from is not None:  # a dataset that does not fit: before Spark starts
+        read_parent(config.vocabulary_from, config.layout, config.oov_buckets)
     spark = start_spark(spark_settings(args))
     try:
         report = run_pipeline(config, spark, progress_interval=args.progress_interval)

@@ -74,6 +74,10 @@ class PipelineConfig:
         rows_per_partition: the most rows one Spark task orders and writes.
         source: what produced the run ("criteo" or "transcode"), for the metadata.
         metadata: written into the output spec's metadata (next to "preprocessing").
+        vocabulary_from: an earlier dataset of this pipeline whose vocabulary is
+            carried forward: its ids are kept, new values get ids after them.
+        oov_buckets: K > 0: rare and unseen values get one of the ids 1..K by a hash
+            of the value (kept values then start at K + 1); 0: they get id 0.
     """
 
     layout: InputLayout
@@ -90,6 +94,8 @@ class PipelineConfig:
     rows_per_partition: int = DEFAULT_ROWS_PER_PARTITION
     source: str = "criteo"
     metadata: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    vocabulary_from: Path | None = None
+    oov_buckets: int = 0
 
     def __post_init__(self) -> None:
         if not self.mappings or self.mappings[0] != TRAIN_MAPPING:
@@ -125,6 +131,16 @@ class PipelineConfig:
         if self.rows_per_partition < 1:
             raise PreprocessingError(
                 f"--rows_per_partition: expected a positive int, got {self.rows_per_partition}"
+            )
+        if self.oov_buckets < 0:
+            raise PreprocessingError(f"--oov_buckets: expected an int >= 0, got {self.oov_buckets}")
+        if self.vocabulary_from is not None and (
+            self.vocabulary_from.resolve() == self.output_dir.resolve()
+        ):
+            raise PreprocessingError(
+                f"--vocabulary_from {self.vocabulary_from}: expected an earlier dataset, got "
+                f"--output_dir itself (its vocabulary is rewritten by this run); write the "
+                f"new dataset to another directory"
             )
 
     def files_of(self, mapping: str) -> tuple[int, ...]:

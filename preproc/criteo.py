@@ -3,13 +3,16 @@
     python -m preproc.criteo --input_dir day_files/ --output_dir data/ \
         [--frequency_threshold 15] [--feature_frequency_threshold C3=5,C20=2] \
         [--train_days 0-22 --test_days 23 [--validation_days ...]] [--no_log_transform] \
+        [--vocabulary_from EARLIER_DATASET] [--oov_buckets K] \
         [--strict] [--spark_master URL] [--spark_conf KEY=VALUE ...] [--gpu --rapids_jar JAR]
 
 Reads the day files `day_<N>` (or `day_<N>.gz`) of `--input_dir`: label, I1..I13,
 C1..C26, tab-separated. By default the last day is the test split and the others
 the train split. Numericals: missing -> 0, negatives -> 0, log(1 + x), float16.
 Categoricals: ids by descending frequency in the train days; missing, rare (fewer
-than the threshold) and unseen values -> 0. Train rows are shuffled (seeded), the
+than the threshold) and unseen values -> 0 (rare and unseen: a hashed id in 1..K
+with --oov_buckets K). --vocabulary_from keeps an earlier dataset's ids and gives new
+values ids after them. Train rows are shuffled (seeded), the
 other splits keep input order. Malformed lines are skipped and counted, or fail the
 run with --strict. Rerunning the same command resumes after the last finished stage.
 """
@@ -189,6 +192,8 @@ def criteo_config(args: argparse.Namespace) -> PipelineConfig:
         keep_intermediate=args.keep_intermediate,
         overwrite=args.overwrite,
         rows_per_partition=args.rows_per_partition,
+        vocabulary_from=None if args.vocabulary_from is None else Path(args.vocabulary_from),
+        oov_buckets=args.oov_buckets,
         source="criteo",
     )
 

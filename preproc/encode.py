@@ -35,7 +35,13 @@ from preproc.partition_writer import (
     concatenate_parts,
     write_arrow_partition,
 )
-from preproc.vocabulary import ID_COLUMN, VALUE_COLUMN, feature_directory, read_vocabulary
+from preproc.vocabulary import (
+    ID_COLUMN,
+    VALUE_COLUMN,
+    feature_directory,
+    oov_bucket_column,
+    read_vocabulary,
+)
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
@@ -86,11 +92,14 @@ def encode(
     vocabulary_dir: Path | None,
     cardinalities: Sequence[int],
     transform: NumericalTransform,
+    oov_buckets: int = 0,
 ) -> tuple[DataFrame, tuple[str | None, ...]]:
     """Well-formed rows with `_line` -> [_file, _line, _label, _num<i> (double),
     _cat<i> (int, or array<int> for a variable-length feature)], and per
     categorical feature the vocabulary directory the writers look its values up in
-    (`PartFormat.vocabularies`): such a `_cat<i>` keeps its values."""
+    (`PartFormat.vocabularies`): such a `_cat<i>` keeps its values. A value of a
+    vocabulary feature without an id gets its OOV bucket (1..`oov_buckets`), as the
+    writers' lookup gives it; without buckets, 0."""
     from pyspark.sql import functions as F
 
     schema = rows.schema
@@ -120,11 +129,11 @@ def encode(
         if cardinalities[index] <= BROADCAST_VOCABULARY_IDS:
             vocabulary = F.broadcast(vocabulary)
         if column.variable_length:
-            rows = _join_list_ids(rows, index, vocabulary)
+            rows = _join_list_ids(rows, index, vocabulary, oov_buckets)
             cat_values.append(F.col(f"_id{index}").alias(name))
             continue
         rows = rows.join(vocabulary, F.col(name) == F.col(f"_v{index}"), "left")
-        cat_values.append(F.coalesce(F.col(f"_id{index}"), F.lit(0)).alias(name))
+        cat_values.append(_id_or_bucket(F.col(f"_id{index}"), F.col(name), oov_buckets).alias(name))
     num_values = [
         _transform(F.col(numerical_column(i)), transform).alias(numerical_column(i))
         for i in range(len(layout.numerical))
@@ -133,9 +142,21 @@ def encode(
     return encoded, tuple(lookups)
 
 
-def _join_list_ids(rows: DataFrame, index: int, vocabulary: DataFrame) -> DataFrame:
+def _id_or_bucket(found: Column, value: Column, oov_buckets: int) -> Column:
+    """The id a join found; else the value's OOV bucket, or 0 (missing, no buckets)."""
+    from pyspark.sql import functions as F
+
+    if not oov_buckets:
+        return F.coalesce(found, F.lit(0))
+    return F.coalesce(found, oov_bucket_column(value, oov_buckets), F.lit(0))
+
+
+def _join_list_ids(
+    rows: DataFrame, index: int, vocabulary: DataFrame, oov_buckets: int = 0
+) -> DataFrame:
     """`rows` with `_id<index>`: the ids of the list `_cat<index>`, element by element
-    through `vocabulary` [_v<index>, _id<index>] (missing, rare, unseen: 0).
+    through `vocabulary` [_v<index>, _id<index>] (missing: 0; rare, unseen: their OOV
+    bucket, or 0).
 
     The elements are looked up one per row and gathered again by (file, line), which
     names a row of a mapping uniquely; a row with an empty list gets none back.
@@ -149,7 +170,9 @@ def _join_list_ids(rows: DataFrame, index: int, vocabulary: DataFrame) -> DataFr
         F.posexplode(categorical_column(index)).alias("_position", "_element"),
     )
     found = elements.join(vocabulary, F.col("_element") == F.col(value), "left")
-    pairs = F.struct("_position", F.coalesce(F.col(ids), F.lit(0)).alias("_id"))
+    pairs = F.struct(
+        "_position", _id_or_bucket(F.col(ids), F.col("_element"), oov_buckets).alias("_id")
+    )
     gathered = found.groupBy(FILE_COLUMN, LINE_COLUMN).agg(
         F.sort_array(F.collect_list(pairs)).alias("_pairs")
     )

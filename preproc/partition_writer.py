@@ -17,7 +17,8 @@ carrying the running id count from one bucket to the next.
 
 A categorical feature with a small vocabulary arrives as its values (text), not
 ids: the task looks them up itself (`PartFormat.vocabularies`), with pyarrow's
-hash lookup over whole columns, in place of a Spark join per feature.
+hash lookup over whole columns, in place of a Spark join per feature; a value
+without an id gets its OOV bucket (`vocabulary.oov_bucket`) when there are buckets.
 
 The executors must see the output directory (always true in local mode; on a
 cluster, a shared file system).
@@ -41,7 +42,7 @@ import pyarrow.parquet as pq
 from feature_spec import offsets_file_name
 from feature_spec.criteo import LABEL_FILE, NUMERICAL_FILE, categorical_name
 from feature_spec.staged import staged_directory
-from preproc.vocabulary import ID_COLUMN, VALUE_COLUMN
+from preproc.vocabulary import ID_COLUMN, VALUE_COLUMN, oov_bucket_ids
 
 FLOAT16_MAX = float(np.finfo(np.float16).max)
 _COPY_BUFFER = 16 << 20
@@ -73,6 +74,11 @@ class PartFormat:
         vocabularies: per categorical feature, the vocabulary directory of the
             feature (`vocabulary.feature_directory`) when its column holds values
             for the task to look up, else None; empty: every column holds ids.
+        oov_buckets: per categorical feature, its OOV buckets (ids 1..K): where a
+            value looked up has no id, and what `PartStats.bucket_ids` counts;
+            empty: none.
+        new_ids_from: per categorical feature, the least id `PartStats.new_ids`
+            counts (a carried vocabulary's first new id); empty: none is counted.
     """
 
     parts_dir: str
@@ -81,9 +87,11 @@ class PartFormat:
     cardinalities: tuple[int, ...]
     variable_length: tuple[bool, ...] = ()
     vocabularies: tuple[str | None, ...] = ()
+    oov_buckets: tuple[int, ...] = ()
+    new_ids_from: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
-        for name in ("variable_length", "vocabularies"):
+        for name in ("variable_length", "vocabularies", "oov_buckets", "new_ids_from"):
             given = getattr(self, name)
             if given and len(given) != len(self.cardinalities):
                 raise ValueError(
@@ -93,6 +101,9 @@ class PartFormat:
 
     def is_variable_length(self, index: int) -> bool:
         return bool(self.variable_length) and self.variable_length[index]
+
+    def buckets(self, index: int) -> int:
+        return self.oov_buckets[index] if self.oov_buckets else 0
 
     @property
     def file_names(self) -> tuple[str, ...]:
@@ -116,11 +127,21 @@ class PartStats:
     zero_ids: list[int]  # per categorical feature: ids 0 (missing, rare, unseen)
     saturated: list[int]  # per numerical feature: values clipped to the float16 range
     ids: list[int]  # per categorical feature: ids written (rows, unless variable-length)
+    bucket_ids: list[int]  # per categorical feature: ids 1..K (OOV buckets: rare, unseen)
+    new_ids: list[int]  # per categorical feature: ids >= `PartFormat.new_ids_from`
 
     @classmethod
     def empty(cls, part: PartFormat) -> PartStats:
         features = len(part.cardinalities)
-        return cls(0, 0, [0] * features, [0] * part.num_numerical, [0] * features)
+        return cls(
+            0,
+            0,
+            [0] * features,
+            [0] * part.num_numerical,
+            [0] * features,
+            [0] * features,
+            [0] * features,
+        )
 
     def add(self, other: PartStats) -> None:
         self.rows += other.rows
@@ -128,6 +149,8 @@ class PartStats:
         self.zero_ids = [a + b for a, b in zip(self.zero_ids, other.zero_ids, strict=True)]
         self.saturated = [a + b for a, b in zip(self.saturated, other.saturated, strict=True)]
         self.ids = [a + b for a, b in zip(self.ids, other.ids, strict=True)]
+        self.bucket_ids = [a + b for a, b in zip(self.bucket_ids, other.bucket_ids, strict=True)]
+        self.new_ids = [a + b for a, b in zip(self.new_ids, other.new_ids, strict=True)]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -189,6 +212,8 @@ STATS_SCHEMA = pa.schema(
         ("zero_ids", pa.list_(pa.int64())),
         ("saturated", pa.list_(pa.int64())),
         ("ids", pa.list_(pa.int64())),
+        ("bucket_ids", pa.list_(pa.int64())),
+        ("new_ids", pa.list_(pa.int64())),
     ]
 )
 
@@ -211,7 +236,7 @@ def _segments(
         column = batch.column(2 + n_num + i)
         vocabulary = vocabularies[i]
         if vocabulary is not None:
-            column = _look_up(vocabulary, column)
+            column = _look_up(vocabulary, column, part.buckets(i))
         if part.is_variable_length(i):
             offsets = column.offsets.to_numpy().astype(np.int64)
             ids = column.flatten().to_numpy().astype(np.int64)
@@ -264,16 +289,22 @@ def _vocabulary(directory: str) -> _Vocabulary:
     return vocabulary
 
 
-def _look_up(vocabulary: _Vocabulary, column: pa.Array) -> pa.Array:
-    """The ids of `column`'s values (missing, rare, unseen: 0); a list column's
-    elements one by one, the lists kept."""
+def _look_up(vocabulary: _Vocabulary, column: pa.Array, buckets: int = 0) -> pa.Array:
+    """The ids of `column`'s values (missing: 0; rare, unseen: their OOV bucket, or 0
+    without buckets); a list column's elements one by one, the lists kept."""
     values, ids = vocabulary
     elements = pc.list_flatten(column) if pa.types.is_list(column.type) else column
     if len(values):
         positions = pc.fill_null(pc.index_in(elements, value_set=values), -1).to_numpy()
-        found = pa.array(ids[positions + 1])
+        found_ids = ids[positions + 1]
     else:
-        found = pa.array(np.zeros(len(elements), np.int64))
+        positions = np.full(len(elements), -1)
+        found_ids = np.zeros(len(elements), np.int64)
+    if buckets:
+        unknown = (positions < 0) & elements.is_valid().to_numpy(zero_copy_only=False)
+        if unknown.any():
+            found_ids[unknown] = oov_bucket_ids(elements.filter(pa.array(unknown)), buckets)
+    found = pa.array(found_ids)
     if not pa.types.is_list(column.type):
         return found
     offsets = column.offsets.to_numpy()
@@ -309,6 +340,10 @@ def _write_segment(
             )
         stats.zero_ids[i] += int(np.count_nonzero(ids == 0))
         stats.ids[i] += int(ids.size)
+        if part.buckets(i):
+            stats.bucket_ids[i] += int(np.count_nonzero((ids > 0) & (ids <= part.buckets(i))))
+        if part.new_ids_from:
+            stats.new_ids[i] += int(np.count_nonzero(ids >= part.new_ids_from[i]))
         arrays.append(ids.astype(part.categorical_dtypes[i]))
         if lengths is not None:
             arrays.append(lengths)

@@ -3,13 +3,16 @@
 Stages, each resumable (see `preproc.stages`):
 
     parse       raw lines -> typed rows + malformed reasons   _work/parsed/
-    vocabulary  train rows -> value ids per feature           _work/vocabulary/
+    vocabulary  train rows -> value ids per feature           vocabulary/
     <mapping>   ids, numerical transform, order, binary files <mapping>/ (train, ...)
     dataset     feature_spec.yaml, report.json, _SUCCESS      the output directory
 
-The output looks complete (has `feature_spec.yaml`) only once every stage is done:
-a run first removes the dataset files of an earlier run, and stage outputs of other
-settings, before it changes anything.
+The vocabulary stays in the dataset (`vocabulary/`, named by the spec's
+`metadata.vocabulary`), so that a later run can carry it forward
+(`--vocabulary_from`, `preproc.lineage`). The output looks complete (has
+`feature_spec.yaml`) only once every stage is done: a run first removes the dataset
+files of an earlier run, and stage outputs of other settings, before it changes
+anything.
 """
 
 from __future__ import annotations
@@ -26,11 +29,20 @@ from typing import TYPE_CHECKING, Any
 from dataloading.files import SplitBinaryFiles
 from feature_spec import TRAIN_MAPPING, FeatureSpec, minimal_categorical_dtype
 from feature_spec.staged import write_file_atomically
+from feature_spec.vocabulary import METADATA_KEY, VocabularyLineage
 from preproc.config import PipelineConfig
 from preproc.encode import Ordering, encode, order_columns, plan_partitions, write_ordered
 from preproc.errors import PreprocessingError
 from preproc.layout import CategoricalKind
 from preproc.line_parser import row_schema
+from preproc.lineage import (
+    KINDS_KEY,
+    VOCABULARY_DIR,
+    VOCABULARY_ID_DIGITS,
+    ParentVocabulary,
+    categorical_kinds,
+    read_parent,
+)
 from preproc.output_spec import dataset_spec
 from preproc.parse import (
     FILE_COLUMN,
@@ -74,8 +86,9 @@ def run_pipeline(
     """Preprocesses `config.files` into `config.output_dir`; returns the report.
 
     Raises:
-        PreprocessingError: bad input files or output directory, or a malformed
-            line in strict mode (naming the file, line and field).
+        PreprocessingError: bad input files or output directory, a
+            `--vocabulary_from` dataset that does not fit, or a malformed line in
+            strict mode (naming the file, line and field).
     """
     return _Run(config, spark, console, progress_interval).run()
 
@@ -95,6 +108,10 @@ class _Run:
         self.out = config.output_dir
         self.work = self.out / WORK_DIR
         self.timings: dict[str, dict[str, Any]] = {}
+        # Checked before anything is written.
+        self.parent: ParentVocabulary | None = None
+        if config.vocabulary_from is not None:
+            self.parent = read_parent(config.vocabulary_from, config.layout, config.oov_buckets)
         self.stages = self._plan()
 
     # ------------------------------------------------------------------ plan
@@ -107,17 +124,22 @@ class _Run:
         parse = fingerprint(
             {"stage": "parse", "format": 3, "layout": _layout_json(config), "files": inputs}
         )
+        parent = self.parent
         vocabulary = fingerprint(
             {
                 "stage": "vocabulary",
                 "parse": parse,
                 "train_files": config.files_of(TRAIN_MAPPING),
                 "thresholds": config.frequency_thresholds,
+                "oov_buckets": config.oov_buckets,
+                "parent": None
+                if parent is None
+                else {"id": parent.lineage.id, "cardinalities": parent.cardinalities},
             }
         )
         stages = {
             "parse": Stage("parse", self.work / "parsed", parse),
-            "vocabulary": Stage("vocabulary", self.work / "vocabulary", vocabulary),
+            "vocabulary": Stage("vocabulary", self.out / VOCABULARY_DIR, vocabulary),
         }
         for mapping in config.mappings:
             shuffled = config.shuffle_train and mapping == TRAIN_MAPPING
@@ -254,9 +276,17 @@ class _Run:
         files = list(self.config.files_of(mapping))
         return parsed.where(F.col(FILE_COLUMN).isin(files))  # well-formed rows only
 
+    def _first_ids(self) -> list[int]:
+        """Per categorical feature, the id of its first new value: after the parent's
+        ids, else after 0 and the OOV buckets."""
+        if self.parent is not None:
+            return list(self.parent.cardinalities)
+        return [1 + self.config.oov_buckets] * len(self.config.layout.categorical)
+
     def _vocabulary(self, staging: Path) -> dict[str, Any]:
         layout = self.config.layout
         features = layout.vocabulary_columns
+        first_ids = self._first_ids()
         sizes: dict[int, dict[str, int]] = {}
         if features:
             sizes = build_vocabularies(
@@ -265,16 +295,31 @@ class _Run:
                 self.config.files_of(TRAIN_MAPPING),
                 features,
                 self.config.frequency_thresholds,
-                staging / "vocabulary",
+                staging,
+                first_ids=first_ids,
+                parent=None if self.parent is None else self.parent.tables,
+                scratch=self.work / "vocabulary_counts",
             )
         entries = []
         for index, column in enumerate(layout.categorical):
+            previous = None if self.parent is None else self.parent.cardinalities[index]
             if column.kind == CategoricalKind.ID:
                 assert column.cardinality is not None  # checked by InputLayout
-                entries.append({"distinct": None, "kept": None, "cardinality": column.cardinality})
+                entries.append(
+                    {
+                        "distinct": None,
+                        "kept": None,
+                        "new": None,
+                        "cardinality": column.cardinality,
+                        "previous_cardinality": previous,
+                    }
+                )
             else:
                 size = sizes[index]
-                entries.append({**size, "cardinality": size["kept"] + 1})
+                cardinality = first_ids[index] + size["new"]
+                entries.append(
+                    {**size, "cardinality": cardinality, "previous_cardinality": previous}
+                )
         return {"features": entries}
 
     def _write(
@@ -284,11 +329,18 @@ class _Run:
         layout = config.layout
         index = LineIndex.from_json(parse.summary["line_index"])
         cardinalities = [f["cardinality"] for f in vocabulary.summary["features"]]
+        # Ids at or above the parent's cardinality are new ones (without a parent:
+        # none, as no id reaches the cardinality).
+        new_from = [
+            c if f["previous_cardinality"] is None else f["previous_cardinality"]
+            for c, f in zip(cardinalities, vocabulary.summary["features"], strict=True)
+        ]
+        oov_buckets = [config.oov_buckets if c.uses_vocabulary else 0 for c in layout.categorical]
         expected = sum(f["rows"] for f in parse.summary["files"] if f["mapping"] == mapping)
         rows = with_line_numbers(
             self.spark, self._parsed_rows(mapping), index, self.work / LINE_INDEX_FILE
         )
-        vocabulary_dir = self.stages["vocabulary"].directory / "vocabulary"
+        vocabulary_dir = self.stages["vocabulary"].directory
         encoded, lookups = encode(
             self.spark,
             rows,
@@ -296,6 +348,7 @@ class _Run:
             vocabulary_dir if layout.vocabulary_columns else None,
             cardinalities,
             config.numerical_transform,
+            config.oov_buckets,
         )
         lines = index.lines_per_file(len(config.files))
         offsets, total = [0] * len(config.files), 0
@@ -317,6 +370,8 @@ class _Run:
             cardinalities=tuple(cardinalities),
             variable_length=layout.variable_length,
             vocabularies=lookups,
+            oov_buckets=tuple(oov_buckets),
+            new_ids_from=tuple(new_from),
         )
         ordered = order_columns(encoded, ordering, buckets)
         stats = write_ordered(ordered, layout, part, staging, tasks, buckets)
@@ -330,6 +385,8 @@ class _Run:
             "positives": stats.positives,
             "zero_ids": stats.zero_ids,
             "ids": stats.ids,
+            "bucket_ids": stats.bucket_ids,
+            "new_ids": stats.new_ids,
             "saturated": stats.saturated,
         }
 
@@ -356,12 +413,14 @@ class _Run:
                     )
                     if column.uses_vocabulary
                 },
+                KINDS_KEY: categorical_kinds(config.layout),
                 "shuffle_train": config.shuffle_train,
                 "seed": config.seed,
                 "files": {
                     m: [config.files[i].key for i in config.files_of(m)] for m in config.mappings
                 },
             },
+            METADATA_KEY: self._lineage().to_metadata(),
         }
         spec = dataset_spec(config.layout, cardinalities, config.mappings, self.out, metadata)
         for mapping in config.mappings:  # sizes agree with the spec, rows with each other
@@ -382,6 +441,16 @@ class _Run:
             shutil.rmtree(self.work, ignore_errors=True)
         self.console(f"[preproc] dataset: {self.out / SPEC_FILE} written")
         return report
+
+    def _lineage(self) -> VocabularyLineage:
+        """This dataset's vocabulary: its id is the vocabulary stage's fingerprint
+        (the same inputs and settings give the same id)."""
+        vocabulary = self.stages["vocabulary"].fingerprint[:VOCABULARY_ID_DIGITS]
+        if self.parent is not None:
+            return self.parent.extended_by(vocabulary)
+        return VocabularyLineage(
+            vocabulary, directory=VOCABULARY_DIR, oov_buckets=self.config.oov_buckets
+        )
 
 
 def _layout_json(config: PipelineConfig) -> dict[str, Any]:

@@ -1,6 +1,7 @@
 """The run report: rows and positive rate per split, malformed lines per reason,
-cardinality and OOV rate per feature, stage timings. Written as `report.json` and
-printed as a table.
+cardinality and OOV rate per feature (with a carried vocabulary, also the earlier
+cardinality and the share of new ids per split), stage timings. Written as
+`report.json` and printed as a table.
 """
 
 from __future__ import annotations
@@ -8,7 +9,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from feature_spec import FeatureSpec
+from feature_spec import TRAIN_MAPPING, FeatureSpec
+from feature_spec.vocabulary import METADATA_KEY
 from preproc.config import PipelineConfig
 from preproc.parse import HEADER, MALFORMED_REASONS
 
@@ -40,6 +42,8 @@ def build_report(
         feature = spec.features[column.name]
         entry = vocabulary_summary["features"][index]
         ids = {m: split_summaries[m]["ids"][index] for m in config.mappings}
+        buckets = config.oov_buckets if column.uses_vocabulary else 0
+        previous = entry["previous_cardinality"]
         categorical.append(
             {
                 "name": column.name,
@@ -49,11 +53,27 @@ def build_report(
                     config.frequency_thresholds[index] if column.uses_vocabulary else None
                 ),
                 "distinct_in_train": entry["distinct"],
+                "oov_buckets": buckets,
+                # With --vocabulary_from: the cardinality there (else None).
+                "previous_cardinality": previous,
                 "cardinality": feature.cardinality,
                 "dtype": feature.dtype,
-                # Of the ids written: a variable-length feature has any number a row.
+                # Of the ids written (a variable-length feature has any number a row):
+                # those of no value of their own, id 0 or an OOV bucket.
                 "oov_rate": {
-                    m: _rate(split_summaries[m]["zero_ids"][index], ids[m]) for m in config.mappings
+                    m: _rate(
+                        split_summaries[m]["zero_ids"][index]
+                        + split_summaries[m]["bucket_ids"][index],
+                        ids[m],
+                    )
+                    for m in config.mappings
+                },
+                # With --vocabulary_from: of the ids written, those >= the previous
+                # cardinality (values that had no id there); else None.
+                "new_id_rate": None
+                if previous is None
+                else {
+                    m: _rate(split_summaries[m]["new_ids"][index], ids[m]) for m in config.mappings
                 },
             }
         )
@@ -68,6 +88,8 @@ def build_report(
     return {
         "output_dir": str(config.output_dir),
         "source": config.source,
+        "vocabulary": spec.metadata.get(METADATA_KEY),
+        "vocabulary_from": None if config.vocabulary_from is None else str(config.vocabulary_from),
         "numerical_transform": config.numerical_transform.value,
         "shuffle_train": config.shuffle_train,
         "seed": config.seed,
@@ -109,20 +131,38 @@ def format_report(report: Mapping[str, Any]) -> str:
     for example in report["malformed_examples"][:3]:
         lines.append(f"  e.g. {example['file']}:{example['line']}: {example['detail']}")
     lines.append("")
-    header = ["feature", "source", "threshold", "distinct", "cardinality", "dtype"]
-    header += [f"oov {m}" for m in mappings]
-    rows = [
-        [
+    vocabulary = report.get("vocabulary") or {}
+    if report.get("vocabulary_from"):
+        lines.append(
+            f"vocabulary {vocabulary.get('id')}: carries {report['vocabulary_from']} "
+            f"({vocabulary.get('extends', [None])[0]}) forward; 'new' is the share of ids "
+            f"the earlier dataset did not have"
+        )
+    if vocabulary.get("oov_buckets"):
+        lines.append(f"OOV buckets: ids 1..{vocabulary['oov_buckets']} hold rare and unseen values")
+    if report.get("vocabulary_from") or vocabulary.get("oov_buckets"):
+        lines.append("")
+    carried = any(c.get("previous_cardinality") is not None for c in report["categorical"])
+    later = [m for m in mappings if m != TRAIN_MAPPING]
+    header = ["feature", "source", "threshold", "distinct"]
+    header += ["old cardinality", "cardinality"] if carried else ["cardinality"]
+    header += ["dtype", *(f"oov {m}" for m in mappings)]
+    header += [f"new {m}" for m in later] if carried else []
+    rows = []
+    for c in report["categorical"]:
+        row = [
             c["name"],
             c["source"],
             "-" if c["frequency_threshold"] is None else str(c["frequency_threshold"]),
             f"{c['distinct_in_train']:,}" if c["kind"] != "id" else "-",
-            f"{c['cardinality']:,}",
-            c["dtype"],
-            *(f"{100 * c['oov_rate'][m]:.2f}%" for m in mappings),
         ]
-        for c in report["categorical"]
-    ]
+        if carried:
+            row.append(f"{c['previous_cardinality']:,}")
+        row += [f"{c['cardinality']:,}", c["dtype"]]
+        row += [f"{100 * c['oov_rate'][m]:.2f}%" for m in mappings]
+        if carried:
+            row += [f"{100 * c['new_id_rate'][m]:.2f}%" for m in later]
+        rows.append(row)
     lines.append(_table(header, rows))
     saturated = sum(sum(n["saturated"].values()) for n in report["numerical"])
     lines += [

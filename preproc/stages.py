@@ -25,7 +25,8 @@ from preproc.errors import PreprocessingError
 SUCCESS = "_SUCCESS"
 # Bump when a change to the code changes what a stage writes: old outputs rerun.
 # 2: list columns; the split summaries count the ids written per feature.
-FORMAT_VERSION = 2
+# 3: OOV buckets, carried vocabularies; the split summaries count bucket and new ids.
+FORMAT_VERSION = 3
 
 
 def fingerprint(settings: Mapping[str, Any]) -> str:

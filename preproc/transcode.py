@@ -3,7 +3,8 @@
     python -m preproc.transcode --feature_spec raw/spec.yaml --output_dir data/ \
         [--input [MAPPING=]FILE[,FILE...] ...] [--delimiter ,] [--list_delimiter '|'] \
         [--log_transform] [--frequency_threshold N] \
-        [--feature_frequency_threshold NAME=N,...] [--strict]
+        [--feature_frequency_threshold NAME=N,...] [--vocabulary_from EARLIER_DATASET] \
+        [--oov_buckets K] [--strict]
 
 The input spec is a FeatureSpec whose `source_spec` chunks have `type: csv`: the
 chunk's `features` are the file's columns in order, its `files` the input files
@@ -324,6 +325,8 @@ def transcode_config(args: argparse.Namespace) -> PipelineConfig:
         keep_intermediate=args.keep_intermediate,
         overwrite=args.overwrite,
         rows_per_partition=args.rows_per_partition,
+        vocabulary_from=None if args.vocabulary_from is None else Path(args.vocabulary_from),
+        oov_buckets=args.oov_buckets,
         source="transcode",
         metadata=dict(spec.metadata),
     )

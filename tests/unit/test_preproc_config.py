@@ -14,7 +14,14 @@ from preproc.config import (
     parse_thresholds,
     strip_compression_suffix,
 )
-from preproc.criteo import assign_days, find_day_files, main, parse_days
+from preproc.criteo import (
+    assign_days,
+    build_parser,
+    criteo_config,
+    find_day_files,
+    main,
+    parse_days,
+)
 from preproc.errors import PreprocessingError
 from preproc.layout import CategoricalColumn, CategoricalKind, InputLayout, criteo_layout
 
@@ -174,4 +181,24 @@ def test_cli_prints_flag_errors_without_traceback(
     assert "error: --gpu: the RAPIDS Accelerator jar is required" in capsys.readouterr().err
     assert main([*common, "--spark_conf", "novalue"]) == 1
     assert "error: --spark_conf: expected key=value, got 'novalue'" in capsys.readouterr().err
+    # A dataset to carry forward that is none: refused before Spark starts.
+    assert main([*common, "--vocabulary_from", str(tmp_path / "nowhere")]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: --vocabulary_from {tmp_path / 'nowhere'}: expected a dataset")
+    assert main([*common, "--oov_buckets", "-1"]) == 1
+    assert "error: --oov_buckets: expected an int >= 0, got -1" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+def test_vocabulary_flags_reach_the_config(tmp_path: Path) -> None:
+    raw = day_files(tmp_path / "raw", ["day_0", "day_1"])
+    common = ["--input_dir", str(raw), "--output_dir", str(tmp_path / "out")]
+    config = criteo_config(build_parser().parse_args(common))
+    assert config.vocabulary_from is None and config.oov_buckets == 0
+    flags = ["--vocabulary_from", str(tmp_path / "day_a"), "--oov_buckets", "7"]
+    config = criteo_config(build_parser().parse_args([*common, *flags]))
+    assert config.vocabulary_from == tmp_path / "day_a" and config.oov_buckets == 7
+    with pytest.raises(PreprocessingError, match=r"--vocabulary_from \S+: expected an earlier"):
+        criteo_config(
+            build_parser().parse_args([*common, "--vocabulary_from", str(tmp_path / "out")])
+        )
