@@ -76,16 +76,21 @@ def train(session: Session) -> dict[str, Any]:
             return checkpoint, restore_training_state(trainer, checkpoint)
 
         checkpoint, saved_at = restore_on_every_rank(session.collectives, path, restore)
-        grown = "".join(
-            f"; table {t} grew from {old:,} to {new:,} rows"
-            for t, old, new in grown_tables(checkpoint, session.model_config.cardinalities)
-        )
+        grown = grown_tables(checkpoint, session.model_config.cardinalities)
         if warm_start:  # this run's data and schedule from their start
             trainer.step.assign(0)
-            log.print(f"warm start from {checkpoint.path} (its step {saved_at}){grown}")
+            log.print(f"warm start from {checkpoint.path} (its step {saved_at}){brief(grown)}")
         else:
             start_step = saved_at
-            log.print(f"restored {checkpoint.path} at step {start_step}{grown}")
+            log.print(f"restored {checkpoint.path} at step {start_step}{brief(grown)}")
+        log.write(
+            "restore",
+            step=start_step,
+            path=str(checkpoint.path),
+            saved_step=saved_at,
+            warm_start=warm_start,
+            grown=[{"table": t, "rows": old, "to": new} for t, old, new in grown],
+        )
     if config.save_checkpoint_path and session.collectives.rank == 0:
         config.write(config.save_checkpoint_path)
         if session.plan is not None:  # reusable with --sharding_plan
@@ -248,6 +253,18 @@ def resume_path(session: Session) -> str | None:
         error.same_on_every_rank = True
         raise error
     return seen[0]
+
+
+def brief(grown: list[tuple[int, int, int]]) -> str:
+    """`; 3 tables grew by 1,234 rows (most: table 7, 800 -> 1,600)`, or ""."""
+    if not grown:
+        return ""
+    added = sum(new - old for _, old, new in grown)
+    table, old, new = max(grown, key=lambda g: g[2] - g[1])
+    return (
+        f"; {len(grown)} tables grew by {added:,} rows (most: table {table}, "
+        f"{old:,} -> {new:,}; all in the metrics log's restore record)"
+    )
 
 
 def manifest_fields(session: Session) -> dict[str, Any]:

@@ -24,6 +24,7 @@ SLOW_FILES = (
     "test_wheel_install.py",
     "test_hybrid_main.py",
     "test_docs_commands.py",
+    "test_incremental.py",
 )
 
 

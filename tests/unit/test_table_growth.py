@@ -8,6 +8,7 @@ an error naming the table and both sizes."""
 from __future__ import annotations
 
 import io
+import json
 import re
 from pathlib import Path
 from typing import Any
@@ -81,8 +82,10 @@ def config(data: Path, **overrides: Any) -> RunConfig:
     return RunConfig(**values)
 
 
-def session(data: Path, collectives: Any = None, **overrides: Any) -> Session:
-    log = MetricsLog(None, None, console=io.StringIO())
+def session(
+    data: Path, collectives: Any = None, log_path: Path | None = None, **overrides: Any
+) -> Session:
+    log = MetricsLog(log_path, None, console=io.StringIO())
     return build_session(config(data, **overrides), log, collectives)
 
 
@@ -184,9 +187,15 @@ def test_warm_start_trains_the_new_day_from_step_zero(
             warm_start=True,
             save_checkpoint_path=str(tmp_path),
             max_steps=3,
+            log_path=tmp_path / "metrics.jsonl",
         )
     )
     assert summary["steps"] == 3
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    (restore,) = [r for r in records if r["event"] == "restore"]
+    assert restore["warm_start"] and restore["saved_step"] == 4 and restore["step"] == 0
+    pairs = enumerate(zip(OLD, NEW, strict=True))
+    assert restore["grown"] == [{"table": t, "rows": o, "to": n} for t, (o, n) in pairs if o < n]
     final = Checkpoint(list_checkpoints(tmp_path)[-1])
     assert final.step == 3
     assert final.table_shape(3) == (NEW[3], DIM)
