@@ -211,6 +211,12 @@ def train(session: Session) -> dict[str, Any]:
             log.print(f"preemption signal: stopping at step {step:,}")
             log.write("preempted", step=step, loss=loss)
             save()
+            # Rank 0 reports the stop once, and a launcher ends the job at the first
+            # rank that exits; the others wait a few seconds for that report
+            # (`cli._error`). So every rank drops its reader first (waiting for the
+            # reads in flight: seconds on a loaded host), and they leave together.
+            del batches
+            session.collectives.allgather_object(step, name="preempted_exit")
     trainer.check_finite()
     if last_result is None and not stopped:  # resumed at or past the end: evaluate it
         last_result = evaluate(session)
