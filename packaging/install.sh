@@ -37,10 +37,11 @@ gpu_present() {
 requirements=("$root/requirements.txt")
 [ "$with_dev" = 1 ] && requirements+=("$root/requirements-dev.txt")
 # Everything the installed result depends on; MPI's presence changes the Horovod build.
+# Of packaging/'s Python only the Horovod patch: the demo scripts change no install.
 fingerprint() {
     {
         cat "${requirements[@]}" "$root/constraints.txt" "$root"/packaging/*.sh \
-            "$root"/packaging/*.py "$root/pyproject.toml"
+            "$root/packaging/patch_horovod.py" "$root/pyproject.toml"
         "$python" --version 2>&1
         gpu_present && echo gpu
         echo "with_mpi=${WITH_MPI:-1} horovod_wheel=${HOROVOD_WHEEL:-}"
