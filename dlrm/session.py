@@ -111,14 +111,8 @@ class Session:
     collectives: Collectives
     plan: ShardingPlan | None
     hosts: list[str] = dataclasses.field(default_factory=list)  # each rank's hostname
-
-    @property
-    def vocabulary(self) -> VocabularyLineage | None:
-        """The vocabulary the dataset's ids come from, when it records one."""
-        try:
-            return VocabularyLineage.from_metadata(self.spec.metadata)
-        except FeatureSpecError as error:
-            raise DatasetError(f"{self.config.feature_spec_path}: {error}") from error
+    # The vocabulary the dataset's ids come from, when it records one.
+    vocabulary: VocabularyLineage | None = None
 
     def shard(self, global_batch_size: int) -> ShardSpec:
         """What this rank reads of each global batch."""
@@ -225,6 +219,10 @@ def build_session(
     """Dataset spec, model (sharded when there are several ranks) and trainer."""
     collectives = collectives or Collectives()
     spec = FeatureSpec.load(config.feature_spec_path)
+    try:  # checked here, not at the first checkpoint
+        vocabulary = VocabularyLineage.from_metadata(spec.metadata)
+    except FeatureSpecError as error:
+        raise DatasetError(f"{config.feature_spec_path}: {error}") from error
     model_config = model_config_for(spec, config)
     keras.utils.set_random_seed(config.seed)
     on_gpu = has_gpu()
@@ -310,6 +308,7 @@ def build_session(
         collectives,
         plan,
         hosts,
+        vocabulary,
     )
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import io
 import json
 import re
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ import numpy as np
 import pytest
 import yaml
 
+from dataloading.errors import DatasetError
 from dataloading.synthetic import generate_split_binary
 from dlrm.checkpoint import Checkpoint, CheckpointError, list_checkpoints
 from dlrm.config import ConfigError, RunConfig
@@ -242,3 +244,16 @@ def test_warm_start_flags_are_checked(days: dict[str, Path], tmp_path: Path) -> 
             restore_checkpoint_path=str(tmp_path / "step_000000004"),
             save_checkpoint_path=str(tmp_path),
         )
+
+
+def test_a_malformed_vocabulary_record_stops_the_run_at_its_start(
+    days: dict[str, Path], tmp_path: Path
+) -> None:
+    data = tmp_path / "data"
+    shutil.copytree(days["day1"], data)
+    spec_file = data / "feature_spec.yaml"
+    raw = yaml.safe_load(spec_file.read_text())
+    raw["metadata"][METADATA_KEY]["extends"] = "aaaa"  # a string, not a list
+    spec_file.write_text(yaml.safe_dump(raw, sort_keys=False))
+    with pytest.raises(DatasetError, match=r"metadata\.vocabulary\.extends: expected a list"):
+        session(data)
