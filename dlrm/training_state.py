@@ -202,7 +202,7 @@ def check_model_matches(
             "(expected the dataset the checkpoint was trained on, or one whose vocabulary "
             "extends it: preprocess with --vocabulary_from)"
         )
-    grown = [(t, o, n) for t, (o, n) in enumerate(zip(old, new, strict=True)) if o < n]
+    grown = grown_tables(checkpoint, new)
     if not grown:
         return
     vocabulary = checkpoint.manifest.get(VOCABULARY_FIELD)
