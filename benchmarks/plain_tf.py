@@ -2,10 +2,17 @@
 
     python benchmarks/plain_tf.py [--batch_size 8192] [--steps 12] [--warmup 3]
         [--amp] [--xla] [--tables 26] [--rows 100000]
+        [--cardinalities 2000,...] [--hotness 3,2,...] [--embedding_dim 128]
+        [--bottom 512,256,128] [--top 1024,1024,512,256,1]
+        [--interaction dot|cross] [--cross_layers 3] [--projection 512]
+        [--optimizer sgd|adagrad|adam] [--learning_rate 0.1]
 
-No project code: one `tf.Variable` per table, `tf.gather`, Keras `Dense` layers,
-the dot interaction, one `tf.function` step and `keras.optimizers.SGD`'s
-`apply_gradients`, fed random in-memory batches. `--amp` sets Keras's
+No project code: one `tf.Variable` per table, `tf.gather` (and a sum over a
+row's ids for multi-hot tables), Keras `Dense` layers, the dot interaction or
+DCNv2's cross layers written out, one `tf.function` step and a Keras
+optimizer's `apply_gradients`, fed random in-memory batches. The defaults are
+the project's default model with SGD; `benchmarks/suite.py` also runs it as the
+scaled-down MLPerf DLRM-DCNv2 (`--interaction cross`, multi-hot, Adam). `--amp` sets Keras's
 `mixed_bfloat16` policy (the tables stay float32); `--xla` compiles the whole
 step with `jit_compile=True`. Prints one JSON line: samples/s (median over the
 timed steps), the final loss and this process's peak RSS.
@@ -35,35 +42,62 @@ def build_step(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     """The model's variables and its training step, the plain way."""
     if args.amp:
         keras.mixed_precision.set_global_policy("mixed_bfloat16")
-    dim = 128
-    scale = (1.0 / args.rows) ** 0.5
+    dim = args.embedding_dim
     tables = [
-        tf.Variable(tf.random.uniform([args.rows, dim], -scale, scale), name=f"table_{t}")
-        for t in range(args.tables)
+        tf.Variable(
+            tf.random.uniform([rows, dim], -((1.0 / rows) ** 0.5), (1.0 / rows) ** 0.5),
+            name=f"table_{t}",
+        )
+        for t, rows in enumerate(args.cardinalities)
     ]
-    bottom = keras.Sequential([keras.layers.Dense(w, activation="relu") for w in (512, 256, 128)])
+    bottom = keras.Sequential([keras.layers.Dense(w, activation="relu") for w in args.bottom])
+    *hidden, last = args.top
     top = keras.Sequential(
-        [keras.layers.Dense(w, activation="relu") for w in (1024, 1024, 512, 256)]
-        + [keras.layers.Dense(1)]
+        [keras.layers.Dense(w, activation="relu") for w in hidden] + [keras.layers.Dense(last)]
     )
-    n = args.tables + 1
+    n = len(tables) + 1
     rows, cols = np.tril_indices(n, k=-1)
     pairs = tf.constant(rows * n + cols, tf.int32)
-    optimizer = keras.optimizers.SGD(learning_rate=0.1)
+    width = args.bottom[-1] + len(tables) * dim
+    # DCNv2: x_{l+1} = x0 * (U_l V_l x_l + b_l) + x_l.
+    cross_down = [
+        keras.layers.Dense(args.projection, use_bias=False) for _ in range(args.cross_layers)
+    ]
+    cross_up = [keras.layers.Dense(width) for _ in range(args.cross_layers)]
+    optimizer = {
+        "sgd": keras.optimizers.SGD,
+        "adagrad": keras.optimizers.Adagrad,
+        "adam": keras.optimizers.Adam,
+    }[args.optimizer](learning_rate=args.learning_rate)
 
-    def forward(numerical: tf.Tensor, ids: tf.Tensor) -> tf.Tensor:
+    def forward(numerical: tf.Tensor, ids: list[tf.Tensor]) -> tf.Tensor:
         dense = bottom(numerical)
-        vectors = [tf.gather(table, ids[:, t]) for t, table in enumerate(tables)]
+        vectors = [
+            tf.gather(table, table_ids[:, 0])
+            if table_ids.shape[1] == 1
+            else tf.reduce_sum(tf.gather(table, table_ids), axis=1)
+            for table, table_ids in zip(tables, ids, strict=True)
+        ]
+        if args.interaction == "cross":
+            x0 = tf.concat([dense, *(tf.cast(v, dense.dtype) for v in vectors)], 1)
+            x = x0
+            for down, up in zip(cross_down, cross_up, strict=True):
+                x = x0 * up(down(x)) + x
+            return tf.cast(top(x), tf.float32)
         stacked = tf.concat([dense[:, None, :], tf.cast(tf.stack(vectors, 1), dense.dtype)], 1)
         gram = tf.matmul(stacked, stacked, transpose_b=True)
         flat = tf.gather(tf.reshape(gram, [-1, n * n]), pairs, axis=1)
         return tf.cast(top(tf.concat([dense, flat], 1)), tf.float32)
 
-    forward(tf.zeros([1, 13]), tf.zeros([1, args.tables], tf.int32))  # build the layers
+    # Build the layers.
+    forward(tf.zeros([1, 13]), [tf.zeros([1, hot], tf.int32) for hot in args.hotness])
     variables = [*bottom.trainable_variables, *top.trainable_variables, *tables]
+    if args.interaction == "cross":
+        for layer in (*cross_down, *cross_up):
+            variables += layer.trainable_variables
 
     @tf.function(jit_compile=args.xla)
-    def step(numerical: tf.Tensor, ids: tf.Tensor, labels: tf.Tensor) -> tf.Tensor:
+    def step(numerical: tf.Tensor, ids: list[tf.Tensor], labels: tf.Tensor) -> tf.Tensor:
         with tf.GradientTape() as tape:
             logits = forward(numerical, ids)
             loss = tf.reduce_mean(
@@ -76,6 +110,10 @@ def build_step(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     return step
 
 
+def integers(text: str) -> list[int]:
+    return [int(item) for item in text.split(",") if item]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--batch_size", type=int, default=8192)
@@ -85,13 +123,37 @@ def main() -> int:
     parser.add_argument("--rows", type=int, default=100_000)
     parser.add_argument("--amp", action="store_true")
     parser.add_argument("--xla", action="store_true")
+    parser.add_argument(
+        "--cardinalities", type=integers, help="rows per table (default: --tables x --rows)"
+    )
+    parser.add_argument("--hotness", type=integers, help="ids per row per table (default 1 each)")
+    parser.add_argument("--embedding_dim", type=int, default=128)
+    parser.add_argument("--bottom", type=integers, default=[512, 256, 128])
+    parser.add_argument("--top", type=integers, default=[1024, 1024, 512, 256, 1])
+    parser.add_argument("--interaction", choices=("dot", "cross"), default="dot")
+    parser.add_argument("--cross_layers", type=int, default=3)
+    parser.add_argument("--projection", type=int, default=512)
+    parser.add_argument("--optimizer", choices=("sgd", "adagrad", "adam"), default="sgd")
+    parser.add_argument("--learning_rate", type=float, default=0.1)
     args = parser.parse_args()
+    args.cardinalities = args.cardinalities or [args.rows] * args.tables
+    args.hotness = args.hotness or [1] * len(args.cardinalities)
+    if len(args.hotness) != len(args.cardinalities) or min(args.hotness) < 1:
+        parser.error(
+            f"--hotness: expected one count >= 1 per table ({len(args.cardinalities)}), "
+            f"got {args.hotness}"
+        )
+    if args.embedding_dim != args.bottom[-1] and args.interaction == "dot":
+        parser.error("--bottom: the dot interaction needs its last width equal --embedding_dim")
     step = build_step(args)
     generator = np.random.default_rng(0)
     batches = [
         (
             tf.constant(generator.random((args.batch_size, 13), np.float32)),
-            tf.constant(generator.integers(0, args.rows, (args.batch_size, args.tables), np.int32)),
+            [
+                tf.constant(generator.integers(0, rows, (args.batch_size, hot), np.int32))
+                for rows, hot in zip(args.cardinalities, args.hotness, strict=True)
+            ],
             tf.constant(generator.integers(0, 2, (args.batch_size, 1)).astype(np.float32)),
         )
         for _ in range(4)

@@ -21,7 +21,12 @@ synthetic Criteo-shaped dataset with the default model (13 numerical features,
   updated by the same fused kernel as SGD's): samples/s on one process at the
   smallest batch, per variant, against SGD's row of the same run;
 - the achieved GFLOP/s of each (dense part, `train.dense_training_flops`) next
-  to the machine's matmul GFLOP/s measured in this run;
+  to the machine's matmul peak measured in this run (`benchmarks/targets.py`:
+  the best of TensorFlow and NumPy at 2048^3 and 4096^3);
+- the other optimizers on 2 ranks too, where `--ranks` has 2;
+- the scaled-down MLPerf DLRM-DCNv2 (`mlperf_dcnv2_small.flags`: cross
+  interaction, multi-hot, Adam, batch 4096), ours against the plain loop
+  written the same plain way, fp32 and `--amp`;
 - 2 ranks: the share of the step in which a rank runs no op, waiting on its
   collectives, fp32 and `--amp` (a profiler trace of each rank), and the shares
   in which collectives execute and are in flight (Horovod's timeline;
@@ -45,7 +50,9 @@ synthetic Criteo-shaped dataset with the default model (13 numerical features,
   children (Spark's JVM, horovodrun's ranks), sampled every 0.1 s, or the
   kernel's high-water mark of its largest process if higher (`run_measured`).
 
-Prints one table, writes the figures as JSON (`--output`) and a plot of
+Prints one table, then each performance target against its goal and the
+peak (`docs/performance.md#targets`: met, NOT MET, or n/a with why), writes the
+figures as JSON (`--output`) and a plot of
 samples/s against batch size, ours and plain, fp32 and bf16 (`--plot`).
 `--quick` measures batch 8192, fp32 and `--amp`, one rank and a 200,000-line
 log: a few minutes instead of about 37 on 2 cores (the 3M-line log, generated and
@@ -75,6 +82,7 @@ sys.path.insert(0, str(ROOT))  # run as a script from anywhere
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from benchmarks.process_tree import tree_memory  # noqa: E402 (after the path)
+from benchmarks.targets import evaluate, machine_peaks, print_targets  # noqa: E402
 
 TABLES = 26
 ROWS_PER_TABLE = 100_000
@@ -211,27 +219,96 @@ def optimizer_rows(
     batch: int,
     steps: int,
 ) -> list[dict[str, Any]]:
-    """One process at `batch` with each of `optimizers`, for every variant that
-    has an SGD row of one process at that batch: samples/s and the share of SGD's
-    (`of_sgd`)."""
+    """Each of `optimizers` at `batch`, for every variant and rank count that has
+    an SGD row at that batch: samples/s and the share of SGD's (`of_sgd`)."""
     rows: list[dict[str, Any]] = []
     for sgd in training:
-        if sgd["batch_size"] != batch or sgd["ranks"] != 1:
+        if sgd["batch_size"] != batch:
             continue
+        ranks = sgd["ranks"]
         for optimizer in optimizers:
-            ours = train_ours(dataset, work, batch, sgd["variant"], 1, steps, optimizer)
+            ours = train_ours(dataset, work, batch, sgd["variant"], ranks, steps, optimizer)
             of_sgd = ours["samples_per_second"] / sgd["ours"]["samples_per_second"]
             rows.append(
                 {"optimizer": optimizer, "variant": sgd["variant"], "batch_size": batch}
+                | {"ranks": ranks}
                 | ours
                 | {"of_sgd": of_sgd}
             )
             print(
-                f"training {sgd['variant']} batch {batch} {optimizer}: "
+                f"training {sgd['variant']} batch {batch} ranks {ranks} {optimizer}: "
                 f"{ours['samples_per_second']:,.0f} samples/s, {of_sgd:.2f} of SGD's",
                 flush=True,
             )
     return rows
+
+
+# The scaled-down MLPerf DLRM-DCNv2 (dlrm/flagfiles/mlperf_dcnv2_small.flags) for
+# the plain loop: the same model, optimizer and batch.
+DCNV2_FLAGFILE = "mlperf_dcnv2_small.flags"
+DCNV2_BATCH = 4096
+DCNV2_PLAIN = [
+    "--interaction=cross",
+    "--embedding_dim=16",
+    "--bottom=64,32,16",
+    "--top=128,128,64,32,1",
+    "--cross_layers=3",
+    "--projection=64",
+    "--optimizer=adam",
+    "--learning_rate=0.005",
+    f"--batch_size={DCNV2_BATCH}",
+]
+
+
+def dcnv2_dataset(work: Path, steps: int) -> Path:
+    """A synthetic dataset of the small DLRM-DCNv2's shape (multi-hot)."""
+    from dataloading.synthetic import SHAPES, generate_split_binary
+
+    cardinalities, hotness = SHAPES["mlperf_dcnv2_small"]
+    dataset = work / "dcnv2"
+    generate_split_binary(
+        dataset,
+        cardinalities=cardinalities,
+        hotness=hotness,
+        rows={"train": DCNV2_BATCH * (steps + 2), "test": DCNV2_BATCH},
+        seed=0,
+    )
+    return dataset
+
+
+def train_ours_dcnv2(dataset: Path, work: Path, variant: str, steps: int) -> dict[str, Any]:
+    amp, xla = VARIANTS[variant]
+    log, peak = main_py(
+        dataset,
+        work,
+        1,
+        f"--flagfile={DCNV2_FLAGFILE}",
+        f"--max_steps={steps + 1}",
+        "--print_freq=1",
+        "--evals_per_epoch=0",
+        f"--amp={str(amp).lower()}",
+        f"--xla={str(xla).lower()}",
+    )
+    rates = [r["samples_per_second"] for r in records(log, "train")][1:]
+    if not rates:
+        raise RuntimeError(f"main.py wrote no progress records to {log}")
+    return {"samples_per_second": statistics.median(rates), "peak_rss_bytes": peak}
+
+
+def train_plain_dcnv2(variant: str, steps: int) -> dict[str, Any]:
+    from dataloading.synthetic import SHAPES
+
+    cardinalities, hotness = SHAPES["mlperf_dcnv2_small"]
+    assert hotness is not None
+    amp, xla = VARIANTS[variant]
+    command = [sys.executable, str(ROOT / "benchmarks" / "plain_tf.py"), *DCNV2_PLAIN]
+    command += [f"--steps={steps}", "--warmup=1"]
+    command += [f"--cardinalities={','.join(map(str, cardinalities))}"]
+    command += [f"--hotness={','.join(map(str, hotness))}"]
+    command += ["--amp"] * amp + ["--xla"] * xla
+    stdout, peak = run_measured(command)
+    result = json.loads(stdout.strip().splitlines()[-1])
+    return {"samples_per_second": result["samples_per_second"], "peak_rss_bytes": peak}
 
 
 def train_plain(batch: int, variant: str, steps: int) -> dict[str, Any]:
@@ -387,14 +464,6 @@ def checkpoint_pause(work: Path, gib_size: float) -> dict[str, Any]:
     return figures
 
 
-def matmul_peaks() -> dict[str, float]:
-    import tensorflow as tf
-
-    from benchmarks.train import matmul_gflops
-
-    return {"float32": matmul_gflops(tf.float32), "bfloat16": matmul_gflops(tf.bfloat16)}
-
-
 # ------------------------------------------------------------------ report
 
 
@@ -405,7 +474,7 @@ def gib(value: float) -> str:
 def print_table(results: dict[str, Any]) -> None:
     peaks = results["matmul_gflops"]
     print(
-        f"\nmatmul 2048^3 in this run: float32 {peaks['float32']:.0f} GFLOP/s, "
+        f"\nmatmul peak in this run: float32 {peaks['float32']:.0f} GFLOP/s, "
         f"bfloat16 {peaks['bfloat16']:.0f} GFLOP/s; dense part "
         f"{results['mflop_per_sample']:.2f} MFLOP per training sample"
     )
@@ -433,9 +502,17 @@ def print_table(results: dict[str, Any]) -> None:
         ]
         print("".join(cells))
     for row in results.get("optimizers", []):
+        ranks = row.get("ranks", 1)
         print(
-            f"{row['optimizer']} {row['variant']} batch {row['batch_size']}, one process: "
+            f"{row['optimizer']} {row['variant']} batch {row['batch_size']}, "
+            f"{'one process' if ranks == 1 else f'{ranks} ranks'}: "
             f"{row['samples_per_second']:,.0f} samples/s, {row['of_sgd']:.2f} of SGD's"
+        )
+    for variant, row in results.get("dcnv2", {}).items():
+        print(
+            f"DLRM-DCNv2 (small, {DCNV2_FLAGFILE}) {variant} batch {DCNV2_BATCH}: ours "
+            f"{row['ours']['samples_per_second']:,.0f} samples/s, plain "
+            f"{row['plain']['samples_per_second']:,.0f}, ratio {row['ratio']:.2f}"
         )
     for variant, row in results.get("collectives", {}).items():
         print(
@@ -623,9 +700,12 @@ def main() -> int:
     from dlrm.model import ModelConfig
 
     cpu = platform.processor() or platform.machine()
+    print("the machine's matmul peak ...", flush=True)
+    peaks = machine_peaks()
     results: dict[str, Any] = {
         "machine": f"{os.cpu_count()} CPUs {cpu}",
-        "matmul_gflops": matmul_peaks(),
+        "peaks": peaks,
+        "matmul_gflops": {name: peaks[name]["peak"] for name in ("float32", "bfloat16")},
         "mflop_per_sample": dense_training_flops(
             ModelConfig(13, (ROWS_PER_TABLE,) * TABLES, (1,) * TABLES)
         )
@@ -676,6 +756,19 @@ def main() -> int:
             results["training"], optimizers, dataset, work, min(batches), args.steps
         )
         save(results, args.output)
+        dcnv2 = dcnv2_dataset(work, args.steps)
+        results["dcnv2"] = {}
+        for variant in (v for v in variants if v in ("fp32", "amp")):
+            results["dcnv2"][variant] = alternated(
+                partial(train_ours_dcnv2, dcnv2, work, variant, args.steps),
+                partial(train_plain_dcnv2, variant, args.steps),
+                args.repeats,
+            )
+            print(
+                f"DLRM-DCNv2 (small) {variant}: ratio {results['dcnv2'][variant]['ratio']:.2f}",
+                flush=True,
+            )
+            save(results, args.output)
         if any(r > 1 for r in ranks):
             results["collectives"] = collective_shares(dataset, work, min(batches), args.steps)
         results["inference"] = {str(b): inference(dataset, work, b) for b in batches}
@@ -696,7 +789,9 @@ def main() -> int:
             print("Spark's first jobs ...", flush=True)
             results["spark_floor"] = spark_floor(work)
             save(results, args.output)
+    results["targets"] = evaluate(results)
     print_table(results)
+    print_targets(results["targets"], results["peaks"])
     save(results, args.output)
     plot(results, args.plot)
     print(f"\nwrote {args.output} and {args.plot}")

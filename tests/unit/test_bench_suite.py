@@ -4,6 +4,7 @@ preprocessing's rows/s changes with the log's size."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -174,13 +175,15 @@ def test_the_table_gives_each_optimizer_against_sgd(capsys: pytest.CaptureFixtur
         "training": [],
         "optimizers": [
             {"optimizer": "adam", "variant": "fp32", "batch_size": 8192}
-            | {"samples_per_second": 9000.0, "peak_rss_bytes": 2**30, "of_sgd": 0.9}
+            | {"samples_per_second": 9000.0, "peak_rss_bytes": 2**30, "of_sgd": 0.9},
+            {"optimizer": "adagrad", "variant": "amp", "batch_size": 8192, "ranks": 2}
+            | {"samples_per_second": 7000.0, "peak_rss_bytes": 2**30, "of_sgd": 0.95},
         ],
     }
     print_table(results)
-    assert "adam fp32 batch 8192, one process: 9,000 samples/s, 0.90 of SGD's" in (
-        capsys.readouterr().out
-    )
+    out = capsys.readouterr().out
+    assert "adam fp32 batch 8192, one process: 9,000 samples/s, 0.90 of SGD's" in out
+    assert "adagrad amp batch 8192, 2 ranks: 7,000 samples/s, 0.95 of SGD's" in out
 
 
 def test_unknown_optimizers_are_a_parser_error() -> None:
@@ -193,3 +196,34 @@ def test_unknown_optimizers_are_a_parser_error() -> None:
     )
     assert result.returncode == 2
     assert "--optimizers: expected some of adagrad, adam, got 'sgd,lamb'" in result.stderr
+
+
+PLAIN = Path(__file__).resolve().parents[2] / "benchmarks" / "plain_tf.py"
+
+
+def test_the_plain_loop_trains_the_small_dcnv2_shape() -> None:
+    # Multi-hot tables (3 and 2 ids a row, one one-hot), cross layers, Adam.
+    flags = ["--batch_size=64", "--steps=3", "--warmup=1", "--cardinalities=50,20,7"]
+    flags += ["--hotness=3,2,1", "--embedding_dim=4", "--bottom=8,4", "--top=8,1"]
+    flags += ["--interaction=cross", "--cross_layers=2", "--projection=3", "--optimizer=adam"]
+    result = subprocess.run(
+        [sys.executable, str(PLAIN), *flags, "--learning_rate=0.01"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    figures = json.loads(result.stdout.strip().splitlines()[-1])
+    assert figures["samples_per_second"] > 0
+    assert 0.0 < figures["loss"] < 2.0
+
+
+def test_the_plain_loop_names_a_hotness_that_does_not_fit() -> None:
+    result = subprocess.run(
+        [sys.executable, str(PLAIN), "--cardinalities=50,20", "--hotness=3"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 2
+    assert "--hotness: expected one count >= 1 per table (2), got [3]" in result.stderr
