@@ -43,51 +43,51 @@ using tensorflow::TensorShape;
 using tensorflow::errors::InvalidArgument;
 namespace shape_inference = tensorflow::shape_inference;
 
-// 16 floats: one AVX-512 register, two AVX2 ones, four SSE ones. GCC compiles
-// the arithmetic on it for the CPU feature set of each target clone below.
-typedef float Lanes __attribute__((vector_size(64)));
-constexpr int64_t kLanes = 16;
+// Lanes of L floats: the vector registers of one instruction set.
+typedef float Lanes16 __attribute__((vector_size(64)));
+typedef float Lanes8 __attribute__((vector_size(32)));
+typedef float Lanes4 __attribute__((vector_size(16)));
 
-inline Lanes Load(const float* p) {
-  Lanes x;
+#define DLRM_INLINE inline __attribute__((always_inline))
+
+template <typename L>
+constexpr int64_t kWidth = sizeof(L) / sizeof(float);
+
+template <typename L>
+DLRM_INLINE L Load(const float* p) {
+  L x;
   std::memcpy(&x, p, sizeof(x));
   return x;
 }
 
-inline void Store(float* p, Lanes x) { std::memcpy(p, &x, sizeof(x)); }
+template <typename L>
+DLRM_INLINE void Store(float* p, L x) { std::memcpy(p, &x, sizeof(x)); }
 
-inline float Sum(Lanes x) {
+template <typename L>
+DLRM_INLINE float Sum(L x) {
   float sum = 0;
-  for (int64_t l = 0; l < kLanes; ++l) sum += x[l];
-  return sum;
-}
-
-inline float Dot(const float* a, const float* b, int64_t width) {
-  Lanes sums = {};
-  int64_t k = 0;
-  for (; k + kLanes <= width; k += kLanes) sums += Load(a + k) * Load(b + k);
-  float sum = Sum(sums);
-  for (; k < width; ++k) sum += a[k] * b[k];
+  for (int64_t l = 0; l < kWidth<L>; ++l) sum += x[l];
   return sum;
 }
 
 // out[0 .. pairs) = <v_i, v_j> for i > j, row by row; v: n vectors of `width`.
 // Four pairs at a time share the loads of v_i.
-__attribute__((target_clones("avx512f", "avx2", "default"))) void SamplePairs(
-    const float* const* v, int64_t n, int64_t width, float* out) {
-  const int64_t full = width - width % kLanes;
+template <typename L>
+DLRM_INLINE void Pairs(const float* const* v, int64_t n, int64_t width, float* out) {
+  constexpr int64_t lanes = kWidth<L>;
+  const int64_t full = width - width % lanes;
   int64_t p = 0;
   for (int64_t i = 1; i < n; ++i) {
     const float* a = v[i];
     int64_t j = 0;
     for (; j + 4 <= i; j += 4) {
-      Lanes s0 = {}, s1 = {}, s2 = {}, s3 = {};
-      for (int64_t k = 0; k < full; k += kLanes) {
-        const Lanes x = Load(a + k);
-        s0 += x * Load(v[j] + k);
-        s1 += x * Load(v[j + 1] + k);
-        s2 += x * Load(v[j + 2] + k);
-        s3 += x * Load(v[j + 3] + k);
+      L s0 = {}, s1 = {}, s2 = {}, s3 = {};
+      for (int64_t k = 0; k < full; k += lanes) {
+        const L x = Load<L>(a + k);
+        s0 += x * Load<L>(v[j] + k);
+        s1 += x * Load<L>(v[j + 1] + k);
+        s2 += x * Load<L>(v[j + 2] + k);
+        s3 += x * Load<L>(v[j + 3] + k);
       }
       float r[4] = {Sum(s0), Sum(s1), Sum(s2), Sum(s3)};
       for (int64_t k = full; k < width; ++k) {
@@ -95,45 +95,56 @@ __attribute__((target_clones("avx512f", "avx2", "default"))) void SamplePairs(
       }
       for (int64_t q = 0; q < 4; ++q) out[p++] = r[q];
     }
-    for (; j < i; ++j) out[p++] = Dot(a, v[j], width);
+    for (; j < i; ++j) {
+      L s = {};
+      for (int64_t k = 0; k < full; k += lanes) s += Load<L>(a + k) * Load<L>(v[j] + k);
+      float sum = Sum(s);
+      for (int64_t k = full; k < width; ++k) sum += a[k] * v[j][k];
+      out[p++] = sum;
+    }
   }
 }
 
 // grad[i] = sum_j g[i * n + j] v_j for the n vectors v of `width`; g symmetric
 // with a zero diagonal. Two rows i at a time share the loads of v_j, and their
-// sums run over blocks of 64 columns held in registers.
-__attribute__((target_clones("avx512f", "avx2", "default"))) void SampleGradient(
-    const float* const* v, const float* g, int64_t n, int64_t width, float* const* grad) {
+// sums run over blocks of 4 lanes-wide columns held in registers: 8 sums, 4
+// loads and 2 broadcasts, which fit the 16 registers of AVX2 and the 32 of
+// AVX-512.
+template <typename L>
+DLRM_INLINE void Gradient(const float* const* v, const float* g, int64_t n, int64_t width,
+                          float* const* grad) {
+  constexpr int64_t lanes = kWidth<L>;
   int64_t i = 0;
   for (; i + 2 <= n; i += 2) {
     const float* w0 = g + i * n;
     const float* w1 = w0 + n;
     int64_t k = 0;
-    for (; k + 4 * kLanes <= width; k += 4 * kLanes) {
-      Lanes a0 = {}, a1 = {}, a2 = {}, a3 = {}, b0 = {}, b1 = {}, b2 = {}, b3 = {};
+    for (; k + 4 * lanes <= width; k += 4 * lanes) {
+      L a0 = {}, a1 = {}, a2 = {}, a3 = {}, b0 = {}, b1 = {}, b2 = {}, b3 = {};
       for (int64_t j = 0; j < n; ++j) {
         const float* x = v[j] + k;
-        const Lanes x0 = Load(x), x1 = Load(x + kLanes), x2 = Load(x + 2 * kLanes),
-                    x3 = Load(x + 3 * kLanes);
-        a0 += w0[j] * x0;
-        a1 += w0[j] * x1;
-        a2 += w0[j] * x2;
-        a3 += w0[j] * x3;
-        b0 += w1[j] * x0;
-        b1 += w1[j] * x1;
-        b2 += w1[j] * x2;
-        b3 += w1[j] * x3;
+        const L x0 = Load<L>(x), x1 = Load<L>(x + lanes), x2 = Load<L>(x + 2 * lanes),
+                x3 = Load<L>(x + 3 * lanes);
+        const float c0 = w0[j], c1 = w1[j];
+        a0 += c0 * x0;
+        a1 += c0 * x1;
+        a2 += c0 * x2;
+        a3 += c0 * x3;
+        b0 += c1 * x0;
+        b1 += c1 * x1;
+        b2 += c1 * x2;
+        b3 += c1 * x3;
       }
       float* out = grad[i] + k;
       Store(out, a0);
-      Store(out + kLanes, a1);
-      Store(out + 2 * kLanes, a2);
-      Store(out + 3 * kLanes, a3);
+      Store(out + lanes, a1);
+      Store(out + 2 * lanes, a2);
+      Store(out + 3 * lanes, a3);
       out = grad[i + 1] + k;
       Store(out, b0);
-      Store(out + kLanes, b1);
-      Store(out + 2 * kLanes, b2);
-      Store(out + 3 * kLanes, b3);
+      Store(out + lanes, b1);
+      Store(out + 2 * lanes, b2);
+      Store(out + 3 * lanes, b3);
     }
     for (; k < width; ++k) {
       float s0 = 0, s1 = 0;
@@ -148,9 +159,9 @@ __attribute__((target_clones("avx512f", "avx2", "default"))) void SampleGradient
   for (; i < n; ++i) {
     const float* w = g + i * n;
     int64_t k = 0;
-    for (; k + kLanes <= width; k += kLanes) {
-      Lanes s = {};
-      for (int64_t j = 0; j < n; ++j) s += w[j] * Load(v[j] + k);
+    for (; k + lanes <= width; k += lanes) {
+      L s = {};
+      for (int64_t j = 0; j < n; ++j) s += w[j] * Load<L>(v[j] + k);
       Store(grad[i] + k, s);
     }
     for (; k < width; ++k) {
@@ -160,6 +171,54 @@ __attribute__((target_clones("avx512f", "avx2", "default"))) void SampleGradient
     }
   }
 }
+
+// One build per instruction set, each with the lanes of its registers, chosen
+// once at run time. (GCC's target_clones over one 64-byte vector type lowered
+// it through the stack on AVX2: the backward ran at 3-4 GFLOP/s there.)
+using PairsFn = void (*)(const float* const*, int64_t, int64_t, float*);
+using GradientFn = void (*)(const float* const*, const float*, int64_t, int64_t, float* const*);
+
+#define DLRM_AVX512 __attribute__((target("avx512f,fma")))
+#define DLRM_AVX2 __attribute__((target("avx2,fma")))
+
+DLRM_AVX512 void PairsAvx512(const float* const* v, int64_t n, int64_t width, float* out) {
+  Pairs<Lanes16>(v, n, width, out);
+}
+DLRM_AVX2 void PairsAvx2(const float* const* v, int64_t n, int64_t width, float* out) {
+  Pairs<Lanes8>(v, n, width, out);
+}
+void PairsSse(const float* const* v, int64_t n, int64_t width, float* out) {
+  Pairs<Lanes4>(v, n, width, out);
+}
+DLRM_AVX512 void GradientAvx512(const float* const* v, const float* g, int64_t n, int64_t width,
+                                float* const* grad) {
+  Gradient<Lanes16>(v, g, n, width, grad);
+}
+DLRM_AVX2 void GradientAvx2(const float* const* v, const float* g, int64_t n, int64_t width,
+                            float* const* grad) {
+  Gradient<Lanes8>(v, g, n, width, grad);
+}
+void GradientSse(const float* const* v, const float* g, int64_t n, int64_t width,
+                 float* const* grad) {
+  Gradient<Lanes4>(v, g, n, width, grad);
+}
+
+// Picked when the library loads: __builtin_cpu_init first, since this runs
+// among the shared library's constructors.
+PairsFn ChoosePairs() {
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512f")) return PairsAvx512;
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return PairsAvx2;
+  return PairsSse;
+}
+GradientFn ChooseGradient() {
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512f")) return GradientAvx512;
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return GradientAvx2;
+  return GradientSse;
+}
+const PairsFn SamplePairs = ChoosePairs();
+const GradientFn SampleGradient = ChooseGradient();
 
 // float32 <-> T over arrays: bfloat16's in bfloat16.h.
 inline void Widen(const float* in, int64_t count, float* out) { std::copy(in, in + count, out); }
