@@ -41,9 +41,9 @@ demo: install
 demo-incremental: install
 	@$(PY) packaging/incremental_demo.py $(DEMO_ARGS)
 
-# The benchmark suite: ours against a plain TensorFlow loop, in one run (about 37 minutes
-# on 2 cores; BENCH_ARGS=--quick for a few minutes). Table, benchmarks/results.json,
-# docs/bench_batch_size.png.
+# The benchmark suite: ours against a plain TensorFlow loop and each target against the
+# machine's matmul peak, in one run (about an hour on 2 cores; BENCH_ARGS=--quick for a
+# few minutes). Table, targets, benchmarks/results.json, docs/bench_batch_size.png.
 BENCH_ARGS ?=
 bench: install
 	@$(PY) benchmarks/suite.py $(BENCH_ARGS)

@@ -55,8 +55,9 @@ peak (`docs/performance.md#targets`: met, NOT MET, or n/a with why), writes the
 figures as JSON (`--output`) and a plot of
 samples/s against batch size, ours and plain, fp32 and bf16 (`--plot`).
 `--quick` measures batch 8192, fp32 and `--amp`, one rank and a 200,000-line
-log: a few minutes instead of about 37 on 2 cores (the 3M-line log, generated and
-run twice, takes about 5 of them).
+log: a few minutes instead of about an hour on 2 cores (fp32 and `--amp` alone,
+without preprocessing, took 38 minutes; the 3M-line log, generated and run
+twice, takes about 5).
 """
 
 from __future__ import annotations
