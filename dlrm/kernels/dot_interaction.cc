@@ -174,12 +174,14 @@ DLRM_INLINE void Gradient(const float* const* v, const float* g, int64_t n, int6
 
 // One build per instruction set, each with the lanes of its registers, chosen
 // once at run time. (GCC's target_clones over one 64-byte vector type lowered
-// it through the stack on AVX2: the backward ran at 3-4 GFLOP/s there.)
+// it through the stack on AVX2: the backward ran at 3-4 GFLOP/s there.) No FMA:
+// a fused multiply-add rounds once where these round twice, and the kernel keeps
+// the rounding its earlier builds had (docs/performance.md).
 using PairsFn = void (*)(const float* const*, int64_t, int64_t, float*);
 using GradientFn = void (*)(const float* const*, const float*, int64_t, int64_t, float* const*);
 
-#define DLRM_AVX512 __attribute__((target("avx512f,fma")))
-#define DLRM_AVX2 __attribute__((target("avx2,fma")))
+#define DLRM_AVX512 __attribute__((target("avx512f")))
+#define DLRM_AVX2 __attribute__((target("avx2")))
 
 DLRM_AVX512 void PairsAvx512(const float* const* v, int64_t n, int64_t width, float* out) {
   Pairs<Lanes16>(v, n, width, out);
@@ -208,13 +210,13 @@ void GradientSse(const float* const* v, const float* g, int64_t n, int64_t width
 PairsFn ChoosePairs() {
   __builtin_cpu_init();
   if (__builtin_cpu_supports("avx512f")) return PairsAvx512;
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return PairsAvx2;
+  if (__builtin_cpu_supports("avx2")) return PairsAvx2;
   return PairsSse;
 }
 GradientFn ChooseGradient() {
   __builtin_cpu_init();
   if (__builtin_cpu_supports("avx512f")) return GradientAvx512;
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return GradientAvx2;
+  if (__builtin_cpu_supports("avx2")) return GradientAvx2;
   return GradientSse;
 }
 const PairsFn SamplePairs = ChoosePairs();
