@@ -148,6 +148,23 @@ def main_py(dataset: Path, work: Path, ranks: int, *flags: str) -> tuple[Path, i
     return log, peak
 
 
+def progress_rate(log: Path, peak: int) -> dict[str, Any]:
+    """main.py's samples/s: the median of its progress records after the first
+    (which holds tracing), with the run's peak RSS."""
+    rates = [r["samples_per_second"] for r in records(log, "train")][1:]
+    if not rates:
+        raise RuntimeError(f"main.py wrote no progress records to {log}")
+    return {"samples_per_second": statistics.median(rates), "peak_rss_bytes": peak}
+
+
+def plain_rate(*flags: str) -> dict[str, Any]:
+    """`benchmarks/plain_tf.py` run with `flags`: its samples/s and peak RSS."""
+    command = [sys.executable, str(ROOT / "benchmarks" / "plain_tf.py"), *flags]
+    stdout, peak = run_measured(command)
+    result = json.loads(stdout.strip().splitlines()[-1])
+    return {"samples_per_second": result["samples_per_second"], "peak_rss_bytes": peak}
+
+
 # A learning rate per optimizer that trains the synthetic data without diverging.
 LEARNING_RATES = {"sgd": 0.5, "adagrad": 0.1, "adam": 0.01}
 
@@ -176,10 +193,7 @@ def train_ours(
         f"--amp={str(amp).lower()}",
         f"--xla={str(xla).lower()}",
     )
-    rates = [r["samples_per_second"] for r in records(log, "train")][1:]
-    if not rates:
-        raise RuntimeError(f"main.py wrote no progress records to {log}")
-    return {"samples_per_second": statistics.median(rates), "peak_rss_bytes": peak}
+    return progress_rate(log, peak)
 
 
 def alternated(
@@ -290,10 +304,7 @@ def train_ours_dcnv2(dataset: Path, work: Path, variant: str, steps: int) -> dic
         f"--amp={str(amp).lower()}",
         f"--xla={str(xla).lower()}",
     )
-    rates = [r["samples_per_second"] for r in records(log, "train")][1:]
-    if not rates:
-        raise RuntimeError(f"main.py wrote no progress records to {log}")
-    return {"samples_per_second": statistics.median(rates), "peak_rss_bytes": peak}
+    return progress_rate(log, peak)
 
 
 def train_plain_dcnv2(variant: str, steps: int) -> dict[str, Any]:
@@ -302,24 +313,16 @@ def train_plain_dcnv2(variant: str, steps: int) -> dict[str, Any]:
     cardinalities, hotness = SHAPES["mlperf_dcnv2_small"]
     assert hotness is not None
     amp, xla = VARIANTS[variant]
-    command = [sys.executable, str(ROOT / "benchmarks" / "plain_tf.py"), *DCNV2_PLAIN]
-    command += [f"--steps={steps}", "--warmup=1"]
-    command += [f"--cardinalities={','.join(map(str, cardinalities))}"]
-    command += [f"--hotness={','.join(map(str, hotness))}"]
-    command += ["--amp"] * amp + ["--xla"] * xla
-    stdout, peak = run_measured(command)
-    result = json.loads(stdout.strip().splitlines()[-1])
-    return {"samples_per_second": result["samples_per_second"], "peak_rss_bytes": peak}
+    flags = [*DCNV2_PLAIN, f"--steps={steps}", "--warmup=1"]
+    flags += [f"--cardinalities={','.join(map(str, cardinalities))}"]
+    flags += [f"--hotness={','.join(map(str, hotness))}"]
+    return plain_rate(*flags, *["--amp"] * amp, *["--xla"] * xla)
 
 
 def train_plain(batch: int, variant: str, steps: int) -> dict[str, Any]:
     amp, xla = VARIANTS[variant]
-    command = [sys.executable, str(ROOT / "benchmarks" / "plain_tf.py")]
-    command += [f"--batch_size={batch}", f"--steps={steps}", "--warmup=1"]
-    command += ["--amp"] * amp + ["--xla"] * xla
-    stdout, peak = run_measured(command)
-    result = json.loads(stdout.strip().splitlines()[-1])
-    return {"samples_per_second": result["samples_per_second"], "peak_rss_bytes": peak}
+    flags = [f"--batch_size={batch}", f"--steps={steps}", "--warmup=1"]
+    return plain_rate(*flags, *["--amp"] * amp, *["--xla"] * xla)
 
 
 def collective_shares(dataset: Path, work: Path, batch: int, steps: int) -> dict[str, Any]:
