@@ -258,21 +258,32 @@ def optimizer_rows(
     return rows
 
 
-# The scaled-down MLPerf DLRM-DCNv2 (dlrm/flagfiles/mlperf_dcnv2_small.flags) for
-# the plain loop: the same model, optimizer and batch.
+# The scaled-down MLPerf DLRM-DCNv2, and the plain loop's flag for each of its
+# flags: the plain loop runs the model, optimizer and batch the flagfile sets.
 DCNV2_FLAGFILE = "mlperf_dcnv2_small.flags"
-DCNV2_BATCH = 4096
-DCNV2_PLAIN = [
-    "--interaction=cross",
-    "--embedding_dim=16",
-    "--bottom=64,32,16",
-    "--top=128,128,64,32,1",
-    "--cross_layers=3",
-    "--projection=64",
-    "--optimizer=adam",
-    "--learning_rate=0.005",
-    f"--batch_size={DCNV2_BATCH}",
-]
+DCNV2_PLAIN_FLAGS = {
+    "interaction": "interaction",
+    "embedding_dim": "embedding_dim",
+    "bottom_mlp_dims": "bottom",
+    "top_mlp_dims": "top",
+    "num_cross_layers": "cross_layers",
+    "cross_layer_projection_dim": "projection",
+    "optimizer": "optimizer",
+    "learning_rate": "learning_rate",
+    "batch_size": "batch_size",
+}
+
+
+def dcnv2_flags() -> dict[str, str]:
+    """The packaged DLRM-DCNv2 flagfile's settings, by flag name."""
+    from dlrm.cli import PACKAGED_FLAGFILES
+
+    lines = (PACKAGED_FLAGFILES / DCNV2_FLAGFILE).read_text().splitlines()
+    pairs = (line.strip().removeprefix("--").split("=", 1) for line in lines)
+    return {pair[0]: pair[1] for pair in pairs if len(pair) == 2 and not pair[0].startswith("#")}
+
+
+DCNV2_BATCH = int(dcnv2_flags()["batch_size"])
 
 
 def dcnv2_dataset(work: Path, steps: int) -> Path:
@@ -313,7 +324,9 @@ def train_plain_dcnv2(variant: str, steps: int) -> dict[str, Any]:
     cardinalities, hotness = SHAPES["mlperf_dcnv2_small"]
     assert hotness is not None
     amp, xla = VARIANTS[variant]
-    flags = [*DCNV2_PLAIN, f"--steps={steps}", "--warmup=1"]
+    settings = dcnv2_flags()
+    flags = [f"--{plain}={settings[ours]}" for ours, plain in DCNV2_PLAIN_FLAGS.items()]
+    flags += [f"--steps={steps}", "--warmup=1"]
     flags += [f"--cardinalities={','.join(map(str, cardinalities))}"]
     flags += [f"--hotness={','.join(map(str, hotness))}"]
     return plain_rate(*flags, *["--amp"] * amp, *["--xla"] * xla)

@@ -19,7 +19,6 @@ from __future__ import annotations
 import json
 import sys
 import time
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -47,14 +46,17 @@ def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> set[str]:
     return set()
 
 
-def _best_gflops(run: Any, size: int) -> float:
-    run()  # untimed: the first run allocates and picks kernels
+def _numpy_gflops(a: Any, b: Any) -> float:
+    """Best GFLOP/s of NumPy's a @ b (square), after one untimed run."""
+    import numpy as np
+
+    np.matmul(a, b)
     best = float("inf")
     for _ in range(REPEATS):
         start = time.perf_counter()
-        run()
+        np.matmul(a, b)
         best = min(best, time.perf_counter() - start)
-    return 2 * size**3 / max(best, 1e-9) / 1e9
+    return 2 * a.shape[0] ** 3 / max(best, 1e-9) / 1e9
 
 
 def machine_peaks() -> dict[str, Any]:
@@ -63,16 +65,15 @@ def machine_peaks() -> dict[str, Any]:
     import numpy as np
     import tensorflow as tf
 
+    from dlrm.precision import matmul_gflops
+
     measured: dict[str, dict[str, float]] = {"float32": {}, "bfloat16": {}}
     generator = np.random.default_rng(0)
     for size in SIZES:
         a, b = (generator.random((size, size), np.float32) for _ in range(2))
-        measured["float32"][f"numpy_{size}"] = _best_gflops(partial(np.matmul, a, b), size)
+        measured["float32"][f"numpy_{size}"] = _numpy_gflops(a, b)
         for name, dtype in (("float32", tf.float32), ("bfloat16", tf.bfloat16)):
-            x, y = tf.cast(tf.constant(a), dtype), tf.cast(tf.constant(b), dtype)
-            measured[name][f"tensorflow_{size}"] = _best_gflops(
-                lambda x=x, y=y: tf.matmul(x, y).numpy(), size
-            )
+            measured[name][f"tensorflow_{size}"] = matmul_gflops(dtype, size, REPEATS)
     flags = cpu_flags()
     return {
         name: {"peak": max(by_run.values()), "runs": by_run} for name, by_run in measured.items()
@@ -87,6 +88,14 @@ def _row(target: str, figure: float | None, goal: float, detail: str, why: str =
         "met": None if figure is None else figure >= goal,
         "detail": detail if figure is not None else why,
     }
+
+
+def _ratio_row(
+    target: str, numerator: float | None, denominator: float | None, goal: float, why: str
+) -> dict:
+    """A target that is one samples/s over another; not measured where either is missing."""
+    figure = numerator / denominator if numerator and denominator else None
+    return _row(target, figure, goal, f"{numerator or 0:,.0f} / {denominator or 0:,.0f}", why)
 
 
 def rate(
@@ -133,27 +142,24 @@ def evaluate(results: dict[str, Any]) -> list[dict[str, Any]]:
     for variant in ("fp32", "amp"):
         sgd = rate(results, variant, smallest, 1)
         for optimizer in ("adagrad", "adam"):
-            other = rate(results, variant, smallest, 1, optimizer)
             rows.append(
-                _row(
+                _ratio_row(
                     f"{optimizer} of SGD's samples/s, {variant}",
-                    other / sgd if other and sgd else None,
+                    rate(results, variant, smallest, 1, optimizer),
+                    sgd,
                     OPTIMIZER_OF_SGD,
-                    f"{other or 0:,.0f} / {sgd or 0:,.0f}",
                     f"not measured ({variant}, batch {smallest})",
                 )
             )
 
     for variant in ("fp32", "amp"):
         for optimizer in ("sgd", "adagrad"):
-            one = rate(results, variant, smallest, 1, optimizer)
-            two = rate(results, variant, smallest, 2, optimizer)
             rows.append(
-                _row(
+                _ratio_row(
                     f"2 ranks of 1 rank's samples/s, {variant}, {optimizer}",
-                    two / one if one and two else None,
+                    rate(results, variant, smallest, 2, optimizer),
+                    rate(results, variant, smallest, 1, optimizer),
                     TWO_RANKS_OF_ONE,
-                    f"{two or 0:,.0f} / {one or 0:,.0f}",
                     "not measured: run with --ranks 1,2",
                 )
             )
