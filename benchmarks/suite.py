@@ -24,6 +24,8 @@ synthetic Criteo-shaped dataset with the default model (13 numerical features,
   to the machine's matmul peak measured in this run (`benchmarks/targets.py`:
   the best of TensorFlow and NumPy at 2048^3 and 4096^3);
 - the other optimizers on 2 ranks too, where `--ranks` has 2;
+- where the machine has 16 cores: one process on 2 of them and on 16, at the
+  largest batch, fp32 and `--amp` (`benchmarks/cores.py`);
 - the scaled-down MLPerf DLRM-DCNv2 (`mlperf_dcnv2_small.flags`: cross
   interaction, multi-hot, Adam, batch 4096), ours against the plain loop
   written the same plain way, fp32 and `--amp`;
@@ -71,7 +73,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -96,9 +98,35 @@ VARIANTS["amp+xla"] = (True, True)
 # ------------------------------------------------------------ measurement
 
 
-def run_measured(command: list[str], timeout: float = 3600) -> tuple[str, int]:
-    """Runs `command`; returns (stdout, peak RSS bytes). Raises RuntimeError
-    with the output's tail if it fails.
+def child_env() -> dict[str, str]:
+    """The environment of a measured child: this checkout first on its path
+    (before the caller's PYTHONPATH, which stays), TensorFlow's C++ logs off."""
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    return dict(os.environ, PYTHONPATH=path, TF_CPP_MIN_LOG_LEVEL="2")
+
+
+# Sets the CPU affinity given as argv[1], then becomes the command that follows
+# (what `taskset -c` does, without needing util-linux).
+_ON_CPUS = (
+    "import os, sys; os.sched_setaffinity(0, map(int, sys.argv[1].split(','))); "
+    "os.execvp(sys.argv[2], sys.argv[2:])"
+)
+
+
+def on_cpus(cpus: Sequence[int], command: list[str]) -> list[str]:
+    """`command` confined to `cpus`, and all it starts with it (unchanged for
+    none). TensorFlow, oneDNN and OpenBLAS size their thread pools by the CPUs
+    a process may use."""
+    if not cpus:
+        return command
+    return [sys.executable, "-c", _ON_CPUS, ",".join(map(str, cpus)), *command]
+
+
+def run_measured(
+    command: list[str], timeout: float = 3600, cpus: Sequence[int] = ()
+) -> tuple[str, int]:
+    """Runs `command` (on `cpus` alone if given); returns (stdout, peak RSS
+    bytes). Raises RuntimeError with the output's tail if it fails.
 
     The peak is the larger of two lower bounds of the true one: the largest sum
     of RSS over the process tree, sampled every 0.1 s (it counts horovodrun's
@@ -108,9 +136,10 @@ def run_measured(command: list[str], timeout: float = 3600) -> tuple[str, int]:
     such as `main.py` on one rank is the peak itself, short ones included
     (unless in the last 0.1 s before it exits). Sampled alone, the plain loop's
     bf16 peak at batch 8192 read 2.32 GiB in one suite run and 2.27 in the next."""
-    env = dict(os.environ, PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="2")
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
-        process = subprocess.Popen(command, stdout=out, stderr=err, env=env, cwd=ROOT)
+        process = subprocess.Popen(
+            on_cpus(cpus, command), stdout=out, stderr=err, env=child_env(), cwd=ROOT
+        )
         root = psutil.Process(process.pid)
         peak = 0
         deadline = time.monotonic() + timeout
@@ -136,15 +165,18 @@ def records(log_path: Path, event: str) -> list[dict[str, Any]]:
     return [r for r in map(json.loads, lines) if r.get("event") == event]
 
 
-def main_py(dataset: Path, work: Path, ranks: int, *flags: str) -> tuple[Path, int]:
-    """Runs main.py (under horovodrun for ranks > 1); returns (its log, peak RSS)."""
+def main_py(
+    dataset: Path, work: Path, ranks: int, *flags: str, cpus: Sequence[int] = ()
+) -> tuple[Path, int]:
+    """Runs main.py (under horovodrun for ranks > 1), on `cpus` alone if given;
+    returns (its log, peak RSS)."""
     log = work / f"log_{time.monotonic_ns()}.jsonl"
     command = [sys.executable, str(ROOT / "main.py"), f"--dataset_path={dataset}"]
     command += [f"--log_path={log}", *flags]
     if ranks > 1:
         horovodrun = str(Path(sys.executable).parent / "horovodrun")
         command = [horovodrun, "--gloo", "-np", str(ranks), "-H", f"localhost:{ranks}", *command]
-    _, peak = run_measured(command)
+    _, peak = run_measured(command, cpus=cpus)
     return log, peak
 
 
@@ -157,10 +189,11 @@ def progress_rate(log: Path, peak: int) -> dict[str, Any]:
     return {"samples_per_second": statistics.median(rates), "peak_rss_bytes": peak}
 
 
-def plain_rate(*flags: str) -> dict[str, Any]:
-    """`benchmarks/plain_tf.py` run with `flags`: its samples/s and peak RSS."""
+def plain_rate(*flags: str, cpus: Sequence[int] = ()) -> dict[str, Any]:
+    """`benchmarks/plain_tf.py` run with `flags` (on `cpus` alone if given): its
+    samples/s and peak RSS."""
     command = [sys.executable, str(ROOT / "benchmarks" / "plain_tf.py"), *flags]
-    stdout, peak = run_measured(command)
+    stdout, peak = run_measured(command, cpus=cpus)
     result = json.loads(stdout.strip().splitlines()[-1])
     return {"samples_per_second": result["samples_per_second"], "peak_rss_bytes": peak}
 
@@ -177,6 +210,7 @@ def train_ours(
     ranks: int,
     steps: int,
     optimizer: str = "sgd",
+    cpus: Sequence[int] = (),
 ) -> dict[str, Any]:
     amp, xla = VARIANTS[variant]
     log, peak = main_py(
@@ -192,6 +226,7 @@ def train_ours(
         "--decay_start_step=0",
         f"--amp={str(amp).lower()}",
         f"--xla={str(xla).lower()}",
+        cpus=cpus,
     )
     return progress_rate(log, peak)
 
@@ -332,10 +367,10 @@ def train_plain_dcnv2(variant: str, steps: int) -> dict[str, Any]:
     return plain_rate(*flags, *["--amp"] * amp, *["--xla"] * xla)
 
 
-def train_plain(batch: int, variant: str, steps: int) -> dict[str, Any]:
+def train_plain(batch: int, variant: str, steps: int, cpus: Sequence[int] = ()) -> dict[str, Any]:
     amp, xla = VARIANTS[variant]
     flags = [f"--batch_size={batch}", f"--steps={steps}", "--warmup=1"]
-    return plain_rate(*flags, *["--amp"] * amp, *["--xla"] * xla)
+    return plain_rate(*flags, *["--amp"] * amp, *["--xla"] * xla, cpus=cpus)
 
 
 def collective_shares(dataset: Path, work: Path, batch: int, steps: int) -> dict[str, Any]:
@@ -769,6 +804,20 @@ def main() -> int:
                         f"{ours['samples_per_second']:,.0f} samples/s{ratio}",
                         flush=True,
                     )
+        if len(os.sched_getaffinity(0)) >= 16:
+            from benchmarks.cores import measure as measure_cores
+
+            results["cores"] = measure_cores(
+                dataset,
+                work,
+                (2, 16),
+                [max(batches)],
+                [v for v in variants if v in ("fp32", "amp")],
+                args.steps,
+                False,
+                results["mflop_per_sample"],
+            )
+            save(results, args.output)
         results["optimizers"] = optimizer_rows(
             results["training"], optimizers, dataset, work, min(batches), args.steps
         )

@@ -95,7 +95,7 @@ def test_what_was_not_measured_is_neither_met_nor_failed() -> None:
         "adagrad of SGD's samples/s, amp",
         "2 ranks of 1 rank's samples/s, amp, sgd",
         "DLRM-DCNv2 (small), ours over plain, amp",
-        "16 cores over 2 cores, batch 65536",
+        "16 cores over 2 cores, batch 65536, fp32",
     ):
         assert rows[name]["met"] is None and rows[name]["figure"] is None, name
 
@@ -115,3 +115,31 @@ def test_cpu_flags_reads_the_first_cpu(tmp_path: Path) -> None:
     info.write_text("processor\t: 0\nflags\t\t: fpu avx2 amx_bf16\n\nflags\t\t: other\n")
     assert cpu_flags(info) == {"fpu", "avx2", "amx_bf16"}
     assert cpu_flags(tmp_path / "missing") == set()
+
+
+def test_the_cores_speedup_is_16_cores_over_2_at_batch_65536() -> None:
+    data = results([])
+
+    def row(variant: str, batch: int, cores: int, rate: float) -> dict[str, Any]:
+        return {
+            "variant": variant,
+            "batch_size": batch,
+            "cores": cores,
+            "ours": {"samples_per_second": rate},
+        }
+
+    data["cores"] = {
+        "rows": [
+            row("fp32", 65536, 2, 10_000.0),
+            row("fp32", 65536, 16, 61_000.0),
+            row("amp", 65536, 2, 20_000.0),
+            row("amp", 65536, 16, 110_000.0),
+            row("amp", 8192, 16, 500_000.0),  # another batch: not this target's
+        ]
+    }
+    rows = by_name(evaluate(data))
+    fp32 = rows["16 cores over 2 cores, batch 65536, fp32"]
+    assert fp32["figure"] == pytest.approx(6.1) and fp32["met"] is True
+    assert "61,000 / 10,000" in fp32["detail"]
+    amp = rows["16 cores over 2 cores, batch 65536, amp"]
+    assert amp["figure"] == pytest.approx(5.5) and amp["met"] is False

@@ -1,0 +1,210 @@
+"""Training speed against the number of cores: `main.py` confined (CPU
+affinity, as `taskset` sets it) to the first 2 and the first 16 cores of the
+machine, one process.
+
+    python benchmarks/cores.py [--cores 2,16] [--batch_sizes 65536]
+        [--variants fp32,amp] [--steps 5] [--plain] [--output cores.json]
+
+For each core count: the matmul peak on those cores (`benchmarks/targets.py`
+run pinned to them), and for each batch size and variant our samples/s (the
+median of `main.py`'s progress records after the first, as in the suite), its
+share of that peak, and with `--plain` the plain TensorFlow loop's samples/s on
+the same cores. The cores are taken one per physical core first, so that "2
+cores" are two cores and not one core's two hyperthreads. Prints each figure as
+it is measured, then the speedup of the largest core count over the smallest,
+and writes the whole as JSON after every run (a run cut short keeps what it
+measured). `make bench` runs it itself where 16 cores are available
+(`benchmarks/suite.py`); the target is a speedup of at least 6 from 2 to 16
+cores at batch 65536 (`docs/performance.md#targets`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # run as a script from anywhere
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+from benchmarks.suite import (  # noqa: E402 (after the path)
+    ROWS_PER_TABLE,
+    TABLES,
+    VARIANTS,
+    child_env,
+    on_cpus,
+    save,
+    train_ours,
+    train_plain,
+)
+
+PRECISION = {"fp32": "float32", "amp": "bfloat16", "xla": "float32", "amp+xla": "bfloat16"}
+
+
+def cores_in_order(
+    topology: Path = Path("/sys/devices/system/cpu"), allowed: Iterable[int] | None = None
+) -> list[int]:
+    """The CPUs this process may run on (or `allowed`), one per physical core
+    first (the first hyperthread of every core, then the second ones); in number
+    order where the topology is unknown."""
+    allowed = sorted(os.sched_getaffinity(0) if allowed is None else allowed)
+    seen: dict[tuple[str, str], int] = {}
+    order: list[tuple[int, int]] = []
+    for cpu in allowed:
+        try:
+            base = topology / f"cpu{cpu}" / "topology"
+            core = ((base / "physical_package_id").read_text(), (base / "core_id").read_text())
+        except OSError:
+            core = ("", str(cpu))
+        order.append((seen.get(core, 0), cpu))
+        seen[core] = seen.get(core, 0) + 1
+    return [cpu for _, cpu in sorted(order)]
+
+
+def peaks_on(cpus: Sequence[int]) -> dict[str, Any]:
+    """`benchmarks/targets.py`'s matmul peaks measured on `cpus` alone."""
+    command = on_cpus(cpus, [sys.executable, str(ROOT / "benchmarks" / "targets.py")])
+    done = subprocess.run(command, capture_output=True, text=True, env=child_env(), cwd=ROOT)
+    if done.returncode != 0:
+        raise RuntimeError(f"{' '.join(command[-2:])} failed:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout)
+
+
+def speedups(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per batch and variant: samples/s on the most cores over that on the fewest."""
+    result = []
+    for batch, variant in dict.fromkeys((r["batch_size"], r["variant"]) for r in rows):
+        same = sorted(
+            (r for r in rows if (r["batch_size"], r["variant"]) == (batch, variant)),
+            key=lambda r: r["cores"],
+        )
+        if len(same) > 1:
+            low, high = same[0], same[-1]
+            result.append(
+                {
+                    "batch_size": batch,
+                    "variant": variant,
+                    "cores": [low["cores"], high["cores"]],
+                    "speedup": high["ours"]["samples_per_second"]
+                    / low["ours"]["samples_per_second"],
+                }
+            )
+    return result
+
+
+def measure(
+    dataset: Path,
+    work: Path,
+    counts: Sequence[int],
+    batches: Sequence[int],
+    variants: Sequence[str],
+    steps: int,
+    plain: bool,
+    mflop_per_sample: float,
+    output: Path | None = None,
+) -> dict[str, Any]:
+    """Peaks, then every batch x variant x core count; see the module's text."""
+    order = cores_in_order()
+    if max(counts) > len(order):
+        raise ValueError(f"--cores {max(counts)}: this process may use {len(order)} CPUs")
+    sets = {count: sorted(order[:count]) for count in counts}
+    results: dict[str, Any] = {
+        "cpus_allowed": len(order),
+        "core_sets": {str(count): cpus for count, cpus in sets.items()},
+        "peaks": {},
+        "rows": [],
+    }
+    for count, cpus in sets.items():
+        print(f"matmul peak on {count} cores ...", flush=True)
+        results["peaks"][str(count)] = peaks = peaks_on(cpus)
+        print(
+            f"  float32 {peaks['float32']['peak']:.0f}, bfloat16 "
+            f"{peaks['bfloat16']['peak']:.0f} GFLOP/s",
+            flush=True,
+        )
+        if output:
+            save(results, output)
+    for batch in batches:
+        for variant in variants:
+            for count, cpus in sets.items():
+                ours = train_ours(dataset, work, batch, variant, 1, steps, cpus=cpus)
+                peak = results["peaks"][str(count)][PRECISION[variant]]["peak"]
+                share = ours["samples_per_second"] * mflop_per_sample / 1e3 / peak
+                row: dict[str, Any] = {"batch_size": batch, "variant": variant, "cores": count}
+                row |= {"ours": ours, "share_of_peak": share}
+                line = f"{variant} batch {batch} on {count} cores: "
+                line += f"{ours['samples_per_second']:,.0f} samples/s, {share:.2f} of the peak"
+                if plain:
+                    row["plain"] = train_plain(batch, variant, steps, cpus=cpus)
+                    row["ratio"] = ours["samples_per_second"] / row["plain"]["samples_per_second"]
+                    line += f", {row['ratio']:.2f}x the plain loop"
+                print(line, flush=True)
+                results["rows"].append(row)
+                results["speedups"] = speedups(results["rows"])
+                if output:
+                    save(results, output)
+    for entry in results.get("speedups", []):
+        low, high = entry["cores"]
+        print(
+            f"{entry['variant']} batch {entry['batch_size']}: {high} cores "
+            f"{entry['speedup']:.2f}x {low} cores",
+            flush=True,
+        )
+    return results
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--cores", default="2,16", help="core counts, comma-separated")
+    parser.add_argument("--batch_sizes", default="65536", help="comma-separated")
+    parser.add_argument("--variants", default="fp32,amp", help=f"some of {','.join(VARIANTS)}")
+    parser.add_argument("--steps", type=int, default=5, help="timed training steps per run")
+    parser.add_argument("--plain", action="store_true", help="the plain loop on each core set")
+    parser.add_argument("--output", type=Path, default=Path("cores.json"))
+    args = parser.parse_args()
+    try:
+        counts = sorted({int(c) for c in args.cores.split(",") if c})
+        batches = [int(b) for b in args.batch_sizes.split(",") if b]
+    except ValueError:
+        parser.error(f"--cores/--batch_sizes: expected integers, got {args.cores!r}")
+    variants = [v for v in args.variants.split(",") if v]
+    if [v for v in variants if v not in VARIANTS] or not variants:
+        parser.error(f"--variants: expected some of {list(VARIANTS)}, got {args.variants!r}")
+    if not counts or min(counts) < 1 or not batches or min(batches) < 1 or args.steps < 1:
+        parser.error("--cores, --batch_sizes and --steps: expected positive numbers")
+    allowed = len(os.sched_getaffinity(0))
+    if max(counts) > allowed:
+        parser.error(f"--cores {max(counts)}: this process may use {allowed} CPUs")
+
+    from benchmarks.train import dense_training_flops
+    from dataloading.synthetic import generate_split_binary
+    from dlrm.model import ModelConfig
+
+    mflop = dense_training_flops(ModelConfig(13, (ROWS_PER_TABLE,) * TABLES, (1,) * TABLES)) / 1e6
+    with tempfile.TemporaryDirectory() as directory:
+        work = Path(directory)
+        dataset = work / "data"
+        rows = max(batches) * (args.steps + 2)
+        print(f"generating {rows:,} synthetic rows ...", flush=True)
+        generate_split_binary(
+            dataset,
+            cardinalities=[ROWS_PER_TABLE] * TABLES,
+            rows={"train": rows, "test": max(batches)},
+            seed=0,
+        )
+        measure(
+            dataset, work, counts, batches, variants, args.steps, args.plain, mflop, args.output
+        )
+    print(f"wrote {args.output}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
