@@ -168,11 +168,14 @@ def test_training_script_trains_two_ranks_and_checkpoints(
 def test_a_requeued_job_continues_from_its_checkpoint_like_an_uninterrupted_one(
     cluster: SlurmCluster, dataset: Path, tmp_path: Path
 ) -> None:
-    """`scontrol requeue` of a running 2-rank job: Slurm sends every rank SIGTERM,
-    the ranks stop after one same step with a checkpoint, and the job, started
-    again with the same flags, continues from it (the script passes --resume) to
-    the weights of a job that ran straight through."""
-    steps = 600  # 39 steps an epoch; the requeue lands within the first few dozen
+    """A 2-rank job stopped twice: first by `scontrol requeue` (Slurm sends every
+    rank SIGTERM), then ahead of its time limit (`sbatch --signal=B:USR1@T`
+    signals the batch script; `scancel --batch --signal=USR1` does the same at
+    once), where the script passes USR1 on to the ranks and requeues the job
+    itself. Each time the ranks stop after one same step with a checkpoint, and
+    the job, started again with the same flags, continues from it (the script
+    passes --resume) to the weights of a job that ran straight through."""
+    steps = 600  # 39 steps an epoch; each stop lands within a few dozen steps of a start
     flags = [*TRAIN_FLAGS, "--epochs=16", f"--max_steps={steps}", "--print_freq=5"]
     straight, straight_out = tmp_path / "straight", tmp_path / "straight.out"
     environment = {"DATASET_PATH": str(dataset), "CHECKPOINT_DIR": str(straight)}
@@ -185,26 +188,46 @@ def test_a_requeued_job_continues_from_its_checkpoint_like_an_uninterrupted_one(
     job_id = start(cluster, "train_srun.sbatch", output, environment, flags)
     log = checkpoints / "metrics.jsonl"
     deadline = time.monotonic() + JOB_TIMEOUT
-    while not (log.is_file() and '"event": "train"' in log.read_text()):  # the loop runs
-        assert time.monotonic() < deadline, tail(output)
-        assert cluster.job(job_id).get("JobState") in ("PENDING", "RUNNING"), tail(output)
-        time.sleep(0.2)
+
+    def events() -> list[str]:
+        lines = log.read_text().splitlines() if log.is_file() else []
+        return [json.loads(line)["event"] for line in lines]
+
+    def wait_until_training(stops: int) -> None:
+        """Until the job, stopped `stops` times so far, trains again: a progress
+        record after the last stop's record."""
+        while True:
+            seen = events()
+            last_stop = max((i for i, e in enumerate(seen) if e == "preempted"), default=-1)
+            if seen.count("preempted") == stops and "train" in seen[last_stop + 1 :]:
+                return
+            assert time.monotonic() < deadline, tail(output)
+            assert cluster.job(job_id).get("JobState") in ("PENDING", "RUNNING"), tail(output)
+            time.sleep(0.2)
+
+    def release_when_requeued() -> None:
+        # Slurm holds a requeued job for about two minutes before it may start again.
+        while cluster.job(job_id).get("JobState") != "PENDING":
+            assert time.monotonic() < deadline, tail(output)
+            time.sleep(1)
+        cluster.client(["scontrol", "update", f"JobId={job_id}", "StartTime=now"])
+
+    wait_until_training(0)
     cluster.client(["scontrol", "requeue", str(job_id)])
-    # Slurm holds a requeued job for about two minutes before it may start again.
-    while cluster.job(job_id).get("JobState") != "PENDING":
-        assert time.monotonic() < deadline, tail(output)
-        time.sleep(1)
-    cluster.client(["scontrol", "update", f"JobId={job_id}", "StartTime=now"])
+    release_when_requeued()
+    wait_until_training(1)
+    cluster.client(["scancel", "--batch", "--signal=USR1", str(job_id)])
+    release_when_requeued()
     job = cluster.wait_for_job(job_id, timeout=JOB_TIMEOUT)
 
     assert_completed(job, output)
-    assert job.get("Restarts") == "1", tail(output)
+    assert job.get("Restarts") == "2", tail(output)
+    assert "requeueing job" in output.read_text(), tail(output)
     records = [json.loads(line) for line in log.read_text().splitlines()]
-    (preempted,) = [r for r in records if r["event"] == "preempted"]
-    stop = preempted["step"]
-    assert 0 < stop < steps, tail(output)
+    first, second = (r["step"] for r in records if r["event"] == "preempted")
+    assert 0 < first < second < steps, tail(output)
     resumed = metrics_summary(log, output)
-    assert (resumed["steps"], resumed["steps_this_run"]) == (steps, steps - stop), tail(output)
+    assert (resumed["steps"], resumed["steps_this_run"]) == (steps, steps - second), tail(output)
     expected = Checkpoint(straight / f"step_{steps:09d}")
     got = Checkpoint(checkpoints / f"step_{steps:09d}")
     for name, value in expected.dense().items():
