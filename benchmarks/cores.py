@@ -35,10 +35,10 @@ sys.path.insert(0, str(ROOT))  # run as a script from anywhere
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from benchmarks.suite import (  # noqa: E402 (after the path)
-    ROWS_PER_TABLE,
-    TABLES,
     VARIANTS,
     child_env,
+    default_dataset,
+    mflop_per_sample,
     on_cpus,
     save,
     train_ours,
@@ -183,24 +183,19 @@ def main() -> int:
     if max(counts) > allowed:
         parser.error(f"--cores {max(counts)}: this process may use {allowed} CPUs")
 
-    from benchmarks.train import dense_training_flops
-    from dataloading.synthetic import generate_split_binary
-    from dlrm.model import ModelConfig
-
-    mflop = dense_training_flops(ModelConfig(13, (ROWS_PER_TABLE,) * TABLES, (1,) * TABLES)) / 1e6
     with tempfile.TemporaryDirectory() as directory:
         work = Path(directory)
-        dataset = work / "data"
-        rows = max(batches) * (args.steps + 2)
-        print(f"generating {rows:,} synthetic rows ...", flush=True)
-        generate_split_binary(
-            dataset,
-            cardinalities=[ROWS_PER_TABLE] * TABLES,
-            rows={"train": rows, "test": max(batches)},
-            seed=0,
-        )
+        dataset = default_dataset(work, max(batches), args.steps)
         measure(
-            dataset, work, counts, batches, variants, args.steps, args.plain, mflop, args.output
+            dataset,
+            work,
+            counts,
+            batches,
+            variants,
+            args.steps,
+            args.plain,
+            mflop_per_sample(),
+            args.output,
         )
     print(f"wrote {args.output}")
     return 0

@@ -321,6 +321,30 @@ def dcnv2_flags() -> dict[str, str]:
 DCNV2_BATCH = int(dcnv2_flags()["batch_size"])
 
 
+def mflop_per_sample() -> float:
+    """The default model's dense MFLOP per training sample."""
+    from benchmarks.train import dense_training_flops
+    from dlrm.model import ModelConfig
+
+    return dense_training_flops(ModelConfig(13, (ROWS_PER_TABLE,) * TABLES, (1,) * TABLES)) / 1e6
+
+
+def default_dataset(work: Path, batch: int, steps: int) -> Path:
+    """A synthetic dataset of the default model's shape in `work`: `steps` + 2
+    batches to train on, one to test."""
+    from dataloading.synthetic import generate_split_binary
+
+    dataset = work / "data"
+    print(f"generating {batch * (steps + 2):,} synthetic rows ...", flush=True)
+    generate_split_binary(
+        dataset,
+        cardinalities=[ROWS_PER_TABLE] * TABLES,
+        rows={"train": batch * (steps + 2), "test": batch},
+        seed=0,
+    )
+    return dataset
+
+
 def dcnv2_dataset(work: Path, steps: int) -> Path:
     """A synthetic dataset of the small DLRM-DCNv2's shape (multi-hot)."""
     from dataloading.synthetic import SHAPES, generate_split_binary
@@ -747,10 +771,6 @@ def main() -> int:
     if bad:
         parser.error(f"--batch_sizes {bad}: each must be positive and divide by every --ranks")
 
-    from benchmarks.train import dense_training_flops
-    from dataloading.synthetic import generate_split_binary
-    from dlrm.model import ModelConfig
-
     cpu = platform.processor() or platform.machine()
     print("the machine's matmul peak ...", flush=True)
     peaks = machine_peaks()
@@ -758,24 +778,13 @@ def main() -> int:
         "machine": f"{os.cpu_count()} CPUs {cpu}",
         "peaks": peaks,
         "matmul_gflops": {name: peaks[name]["peak"] for name in ("float32", "bfloat16")},
-        "mflop_per_sample": dense_training_flops(
-            ModelConfig(13, (ROWS_PER_TABLE,) * TABLES, (1,) * TABLES)
-        )
-        / 1e6,
+        "mflop_per_sample": mflop_per_sample(),
         "training": [],
     }
     print(f"matmul GFLOP/s in this run: {results['matmul_gflops']}", flush=True)
     with tempfile.TemporaryDirectory() as directory:
         work = Path(directory)
-        dataset = work / "data"
-        train_rows = max(batches) * (args.steps + 2)
-        print(f"generating {train_rows:,} synthetic rows ...", flush=True)
-        generate_split_binary(
-            dataset,
-            cardinalities=[ROWS_PER_TABLE] * TABLES,
-            rows={"train": train_rows, "test": max(batches)},
-            seed=0,
-        )
+        dataset = default_dataset(work, max(batches), args.steps)
         for batch in batches:
             for variant in variants:
                 for rank_count in ranks:
