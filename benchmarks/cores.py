@@ -45,8 +45,6 @@ from benchmarks.suite import (  # noqa: E402 (after the path)
     train_plain,
 )
 
-PRECISION = {"fp32": "float32", "amp": "bfloat16", "xla": "float32", "amp+xla": "bfloat16"}
-
 
 def cores_in_order(
     topology: Path = Path("/sys/devices/system/cpu"), allowed: Iterable[int] | None = None
@@ -135,7 +133,8 @@ def measure(
         for variant in variants:
             for count, cpus in sets.items():
                 ours = train_ours(dataset, work, batch, variant, 1, steps, cpus=cpus)
-                peak = results["peaks"][str(count)][PRECISION[variant]]["peak"]
+                amp, _ = VARIANTS[variant]
+                peak = results["peaks"][str(count)]["bfloat16" if amp else "float32"]["peak"]
                 share = ours["samples_per_second"] * mflop_per_sample / 1e3 / peak
                 row: dict[str, Any] = {"batch_size": batch, "variant": variant, "cores": count}
                 row |= {"ours": ours, "share_of_peak": share}
@@ -173,12 +172,18 @@ def main() -> int:
         counts = sorted({int(c) for c in args.cores.split(",") if c})
         batches = [int(b) for b in args.batch_sizes.split(",") if b]
     except ValueError:
-        parser.error(f"--cores/--batch_sizes: expected integers, got {args.cores!r}")
+        parser.error(
+            "--cores, --batch_sizes: expected comma-separated integers, got "
+            f"{args.cores!r} and {args.batch_sizes!r}"
+        )
     variants = [v for v in args.variants.split(",") if v]
     if [v for v in variants if v not in VARIANTS] or not variants:
         parser.error(f"--variants: expected some of {list(VARIANTS)}, got {args.variants!r}")
     if not counts or min(counts) < 1 or not batches or min(batches) < 1 or args.steps < 1:
-        parser.error("--cores, --batch_sizes and --steps: expected positive numbers")
+        parser.error(
+            "--cores, --batch_sizes, --steps: expected positive numbers, got "
+            f"{args.cores!r}, {args.batch_sizes!r}, {args.steps}"
+        )
     allowed = len(os.sched_getaffinity(0))
     if max(counts) > allowed:
         parser.error(f"--cores {max(counts)}: this process may use {allowed} CPUs")
