@@ -13,7 +13,7 @@ from dlrm.dist import (
     Collectives,
     create_collectives,
 )
-from dlrm.launch import launched_by_horovod
+from dlrm.launch import launched_by_horovod, launched_elastic
 from dlrm.modes import run_eval, run_export, run_inference
 from dlrm.reporting import MetricsLog, format_duration
 from dlrm.session import build_session
@@ -26,6 +26,15 @@ def run(config: RunConfig, console: TextIO | None = None) -> dict[str, Any]:
         raise ConfigError(
             "--mode export: run it as one process (python main.py ...), not under "
             "horovodrun/srun/mpirun: every rank would write the same SavedModel"
+        )
+    if config.mode == "train" and launched_elastic():
+        from dlrm.elastic import train_elastic
+
+        return train_elastic(config, console, report_summary)
+    if config.mode != "train" and launched_elastic():
+        raise ConfigError(
+            f"--mode {config.mode}: Horovod Elastic (horovodrun --host-discovery-script) "
+            "runs --mode train only; launch the other modes with horovodrun -np N -H ..."
         )
     collectives = create_collectives(config.bind_cpus) if config.mode != "export" else Collectives()
     check_world_size(config, collectives.world_size)
@@ -46,19 +55,20 @@ def run(config: RunConfig, console: TextIO | None = None) -> dict[str, Any]:
                 summary = run_eval(session)
             else:
                 summary = run_inference(session)
-        log.write("summary", **summary)
-        log.print(
-            "summary: "
-            + ", ".join(
-                f"{key} {value:.5g}" if isinstance(value, float) else f"{key} {value}"
-                for key, value in summary.items()
-            )
-            + (
-                f" (wall {format_duration(summary['wall_time_s'])})"
-                if "wall_time_s" in summary
-                else ""
-            )
-        )
+        report_summary(log, summary)
         return summary
     finally:
         log.close()
+
+
+def report_summary(log: MetricsLog, summary: dict[str, Any]) -> None:
+    """The summary record, and its one console line."""
+    log.write("summary", **summary)
+    log.print(
+        "summary: "
+        + ", ".join(
+            f"{key} {value:.5g}" if isinstance(value, float) else f"{key} {value}"
+            for key, value in summary.items()
+        )
+        + (f" (wall {format_duration(summary['wall_time_s'])})" if "wall_time_s" in summary else "")
+    )

@@ -27,6 +27,12 @@ def launched_by_horovod(environ: Mapping[str, str] | None = None) -> bool:
     return launcher_rank(environ) is not None
 
 
+def launched_elastic(environ: Mapping[str, str] | None = None) -> bool:
+    """True under Horovod Elastic: horovodrun with --host-discovery-script."""
+    environ = os.environ if environ is None else environ
+    return environ.get("HOROVOD_ELASTIC") == "1" and launched_by_horovod(environ)
+
+
 def reports(environ: Mapping[str, str] | None = None) -> bool:
     """Whether this process prints what every rank would print alike: one process
     of a job (rank 0), or a process that no launcher started."""

@@ -11,7 +11,9 @@ every rank writes, or stops, after the same step.
 
 from __future__ import annotations
 
+import dataclasses
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +48,31 @@ def eval_steps(steps_per_epoch: int, epochs: int, evals_per_epoch: int) -> list[
     return sorted(set(p for p in points if p > 0))
 
 
-def train(session: Session) -> dict[str, Any]:
+@dataclasses.dataclass
+class TrainProgress:
+    """How far a run got, readable when it failed (`dlrm.elastic`): the step it
+    started at, the last step every rank finished, and when the first one ended."""
+
+    start_step: int = 0
+    step: int = 0
+    first_step_at: float | None = None  # time.time()
+    on_first_step: Callable[[], None] | None = None  # called after the first step
+
+
+def train(
+    session: Session,
+    progress: TrainProgress | None = None,
+    after_checkpoint: Callable[[], None] | None = None,
+) -> dict[str, Any]:
+    """Trains to the end (or to a preemption signal); returns the summary.
+
+    Args:
+        progress: updated after every step.
+        after_checkpoint: called on every rank after each checkpoint written before
+            the last step (the ranks are at the same step there), e.g. to stop for
+            hosts that joined (`dlrm.elastic`).
+    """
+    progress = progress if progress is not None else TrainProgress()
     config, log = session.config, session.log
     trainer = session.trainer
     assert trainer is not None
@@ -115,6 +141,7 @@ def train(session: Session) -> dict[str, Any]:
         config=config.to_dict(),
         hosts=session.hosts,  # rank r ran on hosts[r]
     )
+    progress.start_step = progress.step = start_step
     throughput = Throughput(config.batch_size, start_step, total_steps)
     wall_start = time.perf_counter()
     train_seconds = 0.0
@@ -163,6 +190,11 @@ def train(session: Session) -> dict[str, Any]:
                 )
                 step += 1
                 stopped, timed = (bool(flag) for flag in agreed.numpy())
+                progress.step = step
+                if progress.first_step_at is None:
+                    progress.first_step_at = time.time()
+                    if progress.on_first_step is not None:
+                        progress.on_first_step()
                 report = step % config.print_freq == 0
                 if report or step in evals or step == total_steps or stopped:
                     # Each rank's loss is its share of the global mean: their sum is it.
@@ -202,6 +234,8 @@ def train(session: Session) -> dict[str, Any]:
                         )
                         log.write("eval", step=step, epoch=epoch, **eval_record(last_result))
                     save()
+                    if after_checkpoint is not None and step < total_steps:
+                        after_checkpoint()
                     throughput.mark(step)
                     segment_start = time.perf_counter()
                 if step >= total_steps:

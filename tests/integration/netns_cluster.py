@@ -189,6 +189,11 @@ class NetnsCluster:
             f"  BatchMode yes\n"
             f"  LogLevel ERROR\n"
             f"  ConnectTimeout 10\n"
+            # A session to a host whose link went down ends within ~10 s, as a
+            # cluster's ssh configuration would have it: horovodrun's elastic driver
+            # counts that host's ranks as failed only when their ssh exits.
+            f"  ServerAliveInterval 3\n"
+            f"  ServerAliveCountMax 3\n"
         )
         self.bin_directory.mkdir(exist_ok=True)
         wrapper = self.bin_directory / "ssh"

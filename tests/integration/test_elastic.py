@@ -1,0 +1,301 @@
+"""Horovod Elastic on three network-namespace hosts (tests/integration/netns_cluster.py),
+one rank each: `horovodrun --gloo --host-discovery-script ... --min-np M` runs
+main.py, and node3 fails mid-epoch. The survivors continue from the newest
+checkpoint on 2 ranks, node3 joins again when the discovery script lists it after
+its cooldown, and the final weights and AUC equal those of a run that never
+failed (the N-rank = 1-rank invariant), its extra work exactly the rolled-back
+steps. With --min-np 3 the job ends instead, within a bound, naming the host and
+the checkpoint to continue from."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from dataloading.synthetic import generate_split_binary
+from dlrm.checkpoint import Checkpoint, list_checkpoints
+from tests.integration.conftest import REPO, horovodrun, process_env
+from tests.integration.netns_cluster import INTERFACE, NetnsCluster, install_reason
+from tests.integration.test_multi_host import main_py_processes
+
+HOSTS = ("node1", "node2", "node3")
+CARDINALITIES = (50, 200, 1000, 30, 5000, 7)
+STEPS, EVERY, BATCH = 240, 20, 768  # the batch divides by 3 and 2 ranks
+FLAGS = [
+    f"--batch_size={BATCH}",
+    "--optimizer=adagrad",
+    "--learning_rate=0.05",
+    "--warmup_steps=0",
+    "--decay_start_step=0",
+    "--embedding_dim=8",
+    "--bottom_mlp_dims=32,8",
+    "--top_mlp_dims=32,1",
+    "--print_freq=5",
+    "--evals_per_epoch=0",
+    "--data_parallel_threshold=2000",  # tables 2 and 4 model-parallel, resharded per world
+    f"--max_steps={STEPS}",
+    f"--checkpoint_every_steps={EVERY}",
+]
+# Gloo gives up on a silent peer (link down) after this; a closed connection fails at once.
+GLOO_TIMEOUT_S = 10
+RUN_TIMEOUT_S = 420
+# From node3's failure to horovodrun's exit when fewer than --min-np ranks are left:
+# the Gloo timeout, --elastic-timeout (10 s below) and the processes' shutdown.
+MIN_NP_EXIT_LIMIT_S = 90
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NetnsCluster]:
+    reason = install_reason()
+    if reason is not None:
+        pytest.skip(reason)
+    cluster = NetnsCluster(
+        tmp_path_factory.mktemp("cluster"), hosts=3, tag=f"elastic{os.getpid() % 100000}"
+    ).start()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("elastic") / "data"
+    generate_split_binary(path, CARDINALITIES, 5, rows={"train": 200_000, "test": 6_000}, seed=3)
+    return path
+
+
+class ElasticJob:
+    """One `horovodrun` elastic launch from node1, its hosts listed by a file that
+    the test edits (the discovery script prints it)."""
+
+    def __init__(self, cluster: NetnsCluster, directory: Path, dataset: Path) -> None:
+        self.cluster = cluster
+        self.directory = directory
+        self.run = directory / "run"
+        self.log = directory / "horovodrun.log"
+        self.hosts_file = directory / "hosts"
+        self.script = directory / "discover.sh"
+        self.dataset = dataset
+        directory.mkdir(parents=True, exist_ok=True)
+        self.list_hosts(*HOSTS)
+        self.script.write_text(f"#!/bin/sh\ncat {self.hosts_file}\n")
+        self.script.chmod(0o755)
+        self.launcher: subprocess.Popen | None = None
+
+    def list_hosts(self, *hosts: str) -> None:
+        self.hosts_file.write_text("".join(f"{h}:1\n" for h in hosts))
+
+    def start(self, min_np: int, *horovodrun_flags: str, np: int = 3) -> None:
+        command = [
+            horovodrun(), "--gloo", "-np", str(np), "--min-np", str(min_np),
+            "--host-discovery-script", str(self.script), "--network-interface", INTERFACE,
+            *horovodrun_flags,
+            sys.executable, "main.py", *FLAGS, f"--dataset_path={self.dataset}",
+            f"--save_checkpoint_path={self.run}",
+        ]  # fmt: skip
+        env = process_env({"HOROVOD_GLOO_TIMEOUT_SECONDS": str(GLOO_TIMEOUT_S)})
+        with self.log.open("w") as sink:
+            self.launcher = self.cluster.popen(
+                "node1", command, env=env, cwd=REPO, stdout=sink, stderr=subprocess.STDOUT
+            )
+
+    def records(self, event: str) -> list[dict[str, Any]]:
+        path = self.run / "metrics.jsonl"
+        if not path.exists():
+            return []
+        found = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        return [r for r in found if r["event"] == event]
+
+    def wait_for_step(self, step: int) -> int:
+        """Waits until rank 0 logged a step at or past `step` on 3 ranks."""
+        assert self.launcher is not None
+        deadline = time.monotonic() + RUN_TIMEOUT_S
+        while time.monotonic() < deadline and self.launcher.poll() is None:
+            trained = self.records("train")
+            if trained and trained[-1]["step"] >= step:
+                assert main_py_processes(self.cluster, "node3"), self.output()
+                return int(trained[-1]["step"])
+            time.sleep(0.2)
+        pytest.fail(f"step {step} was not reached:\n{self.output()}")
+
+    def wait(self, timeout: float = RUN_TIMEOUT_S) -> int:
+        assert self.launcher is not None
+        try:
+            return self.launcher.wait(timeout=timeout)
+        finally:
+            if self.launcher.poll() is None:
+                os.killpg(self.launcher.pid, signal.SIGKILL)
+                self.launcher.wait()
+
+    def output(self) -> str:
+        return self.log.read_text()[-6000:] if self.log.exists() else ""
+
+    def kill_ranks(self, host: str) -> float:
+        """Kills `host`'s rank (its sshd lives on: the host can serve again)."""
+        for pid in main_py_processes(self.cluster, host):
+            os.kill(pid, signal.SIGKILL)
+        return time.time()
+
+
+References = tuple[ElasticJob, ElasticJob]  # uninterrupted on 3 ranks, on 2
+
+
+def run_uninterrupted(job: ElasticJob, *hosts: str) -> ElasticJob:
+    job.list_hosts(*hosts)
+    job.start(2, np=len(hosts))
+    assert job.wait() == 0, job.output()
+    assert job.records("summary")[-1]["elastic"]["worlds"] == [len(hosts)], job.output()
+    return job
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(
+    cluster: NetnsCluster, dataset: Path, tmp_path_factory: pytest.TempPathFactory
+) -> References:
+    """The same launch with no failure on 3 ranks throughout, and on 2: how far
+    apart the world size alone puts the results (the order of the ranks' sums)."""
+    root = tmp_path_factory.mktemp("uninterrupted")
+    return (
+        run_uninterrupted(ElasticJob(cluster, root / "three", dataset), *HOSTS),
+        run_uninterrupted(ElasticJob(cluster, root / "two", dataset), "node1", "node2"),
+    )
+
+
+def weights(checkpoint: Checkpoint) -> dict[str, np.ndarray]:
+    """Dense weights, every table and its Adagrad accumulator."""
+    found = dict(checkpoint.dense())
+    for table, rows in enumerate(CARDINALITIES):
+        for slot in (None, "accumulator"):
+            found[f"table {table} {slot or 'weights'}"] = checkpoint.read_table_slice(
+                table, (0, rows), (0, 8), slot
+            )
+    return found
+
+
+def assert_same_weights(actual: Checkpoint, three: Checkpoint, two: Checkpoint) -> None:
+    """`actual` within the N-rank = 1-rank invariant of the uninterrupted 3-rank run:
+    no farther from it, tensor by tensor, than a few times the 2-rank run is. Over
+    240 steps, the sums' order (a 3-rank step against a 2-rank one) moves a weight by
+    up to 1e-4; one step more or less moves it by far more."""
+    assert actual.step == three.step == two.step == STEPS
+    expected, other = weights(three), weights(two)
+    for name, value in weights(actual).items():
+        world_size_effect = float(np.linalg.norm(other[name] - expected[name]))
+        difference = float(np.linalg.norm(value - expected[name]))
+        allowed = 4 * world_size_effect + 1e-6 * float(np.linalg.norm(expected[name])) + 1e-6
+        assert difference <= allowed, (
+            f"{name}: |elastic - 3 ranks| = {difference:.3g}, more than {allowed:.3g} "
+            f"(|2 ranks - 3 ranks| = {world_size_effect:.3g})"
+        )
+
+
+def assert_like_uninterrupted(
+    job: ElasticJob, uninterrupted: References, worlds: list[int]
+) -> None:
+    """The job ended with the weights and AUC of the uninterrupted run, on the
+    worlds named, and trained exactly the rolled-back steps more."""
+    three, two = uninterrupted
+    summary = job.records("summary")[-1]
+    reference = three.records("summary")[-1]
+    assert summary["elastic"]["worlds"] == worlds, job.output()
+    assert summary["world_size"] == worlds[-1]
+    assert_same_weights(Checkpoint(job.run), Checkpoint(three.run), Checkpoint(two.run))
+    world_size_effect = abs(two.records("summary")[-1]["auc"] - reference["auc"])
+    assert abs(summary["auc"] - reference["auc"]) <= 4 * world_size_effect + 1e-5
+    resets = job.records("elastic_reset")
+    lost = [r for r in resets if r["reason"] == "a rank was lost"]
+    assert len(lost) == 1, resets
+    # The steps trained on the failed world after its newest checkpoint.
+    rolled_back = lost[0]["ended_at_step"] - lost[0]["step"]
+    assert rolled_back >= 1 and lost[0]["step"] % EVERY == 0, lost
+    assert summary["elastic"]["rolled_back_steps"] == rolled_back
+    # Samples trained: the uninterrupted run's, and the rolled-back steps' again.
+    assert reference["elastic"]["steps_trained"] == STEPS
+    trained = summary["elastic"]["steps_trained"]
+    assert trained * BATCH == STEPS * BATCH + rolled_back * BATCH, summary["elastic"]
+
+
+def test_a_host_killed_mid_epoch_then_listed_again_shrinks_the_job_and_grows_it_back(
+    cluster: NetnsCluster,
+    dataset: Path,
+    uninterrupted: References,
+    tmp_path: Path,
+) -> None:
+    """node3's rank is killed (power lost) after the checkpoint at step 20 and a few
+    steps: the job goes on with node1 and node2 from that checkpoint. node3 stays in
+    the discovery script's list, so after horovodrun's cooldown (1-2 s) it joins at
+    the next checkpoint, and the job ends on 3 ranks."""
+    job = ElasticJob(cluster, tmp_path, dataset)
+    job.start(2, "--blacklist-cooldown-range", "1", "2")
+    at = job.wait_for_step(EVERY + 5)
+    failed_at = job.kill_ranks("node3")
+    assert job.wait() == 0, job.output()
+    assert_like_uninterrupted(job, uninterrupted, [3, 2, 3])
+    lost, joined = job.records("elastic_reset")
+    assert lost["lost"] == ["node3"] and lost["ended_at_step"] >= at, lost
+    assert joined["reason"] == "the hosts changed" and joined["joined"] == ["node3"], joined
+    assert joined["step"] % EVERY == 0 and joined["step"] > lost["step"], joined
+    recovered = job.records("elastic_recovered")[0]["time"] - failed_at
+    print(f"killed: first step on 2 ranks {recovered:.1f} s after node3's rank was killed")
+
+
+def test_a_host_whose_link_goes_down_leaves_the_job_on_two_ranks(
+    cluster: NetnsCluster,
+    dataset: Path,
+    uninterrupted: References,
+    tmp_path: Path,
+) -> None:
+    """node3's link goes down (its rank lives on, cut off) and the discovery script
+    stops listing it: the job finishes on node1 and node2."""
+    job = ElasticJob(cluster, tmp_path, dataset)
+    job.start(2)
+    at = job.wait_for_step(2 * EVERY + 5)
+    try:
+        cluster.link("node3", up=False)
+        failed_at = time.time()
+        job.list_hosts("node1", "node2")
+        assert job.wait() == 0, job.output()
+    finally:
+        cluster.link("node3", up=True)
+        job.kill_ranks("node3")  # the cut-off rank, should it still run
+    assert_like_uninterrupted(job, uninterrupted, [3, 2])
+    (lost,) = job.records("elastic_reset")
+    assert lost["lost"] == ["node3"] and lost["ended_at_step"] >= at, lost
+    recovered = job.records("elastic_recovered")[0]["time"] - failed_at
+    print(f"link down: first step on 2 ranks {recovered:.1f} s after node3's link went down")
+
+
+def test_fewer_ranks_than_min_np_end_the_job_within_a_bound_naming_host_and_checkpoint(
+    cluster: NetnsCluster, dataset: Path, tmp_path: Path
+) -> None:
+    job = ElasticJob(cluster, tmp_path, dataset)
+    job.start(3, "--elastic-timeout", "10")
+    job.wait_for_step(EVERY + 5)
+    failed_at = job.kill_ranks("node3")
+    job.list_hosts("node1", "node2")
+    returncode = job.wait(timeout=MIN_NP_EXIT_LIMIT_S)
+    ended = time.time() - failed_at
+    output = job.output()
+    print(f"fewer than --min-np: horovodrun exited {returncode} {ended:.1f} s after the kill")
+    assert returncode != 0, output
+    assert ended < MIN_NP_EXIT_LIMIT_S, output
+    newest = list_checkpoints(job.run)[-1]
+    # horovodrun names the failed host; the survivors, the checkpoint to continue from.
+    assert "node3" in output and f"continuing from {newest}" in output, output
+    assert not job.records("summary")
+    Checkpoint(newest).verify()  # complete, and kept
+    deadline = time.monotonic() + 20  # horovodrun terminates the ranks as it exits
+    while any(main_py_processes(cluster, host) for host in HOSTS):
+        assert time.monotonic() < deadline, "a rank outlived the job"
+        time.sleep(0.5)
