@@ -20,6 +20,7 @@ SLOW_FILES = (
     "test_container_images.py",
     "test_multi_host.py",
     "test_slurm.py",
+    "test_elastic.py",
     "test_large_table.py",
     "test_wheel_install.py",
     "test_hybrid_main.py",
