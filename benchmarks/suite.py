@@ -38,6 +38,9 @@ synthetic Criteo-shaped dataset with the default model (13 numerical features,
 - what a checkpoint costs: `benchmarks/checkpoint_pause.py` at 2 GiB of tables
   (0.25 with `--quick`), the pause and its share of training time at a checkpoint
   every 10, 30 and 60 minutes;
+- recovery after a host fails: `benchmarks/recovery.py` on three network-namespace
+  hosts (root only; skipped with `--quick`), from node3's rank killed or its link
+  down to the first step on the other two under Horovod Elastic;
 - preprocessing: `benchmarks/preproc.py` (Spark local mode, a generated click
   log of each size in `--preproc_rows`), rows/s per stage and in all; twice per
   size in one Spark session, so that the cost in rows (rows/s at the largest log
@@ -529,6 +532,18 @@ def spark_floor(work: Path) -> dict[str, dict[str, Any]]:
     return figures
 
 
+def recovery(work: Path) -> dict[str, Any]:
+    """`benchmarks/recovery.py`: seconds from a host's failure to the first step on
+    the hosts left, under Horovod Elastic; needs root (network namespaces)."""
+    if os.geteuid() != 0:
+        return {"skipped": "needs root (network namespaces)"}
+    output = work / "recovery.json"
+    script = str(ROOT / "benchmarks" / "recovery.py")
+    run_measured([sys.executable, script, f"--dir={work}", f"--json={output}"])
+    figures: dict[str, Any] = json.loads(output.read_text())
+    return figures
+
+
 def checkpoint_pause(work: Path, gib_size: float) -> dict[str, Any]:
     """`benchmarks/checkpoint_pause.py`: the pause a checkpoint of about `gib_size`
     GiB costs a one-process run, and its share of training time."""
@@ -654,6 +669,16 @@ def print_table(results: dict[str, Any]) -> None:
             f"{pause['median_pause_s']:.1f} s ({pause['gib_per_s']:.2f} GiB/s), "
             f"{pause['pause_in_steps']:.1f} steps; {shares} of training time at one every "
             "10 / 30 / 60 min"
+        )
+    found = results.get("recovery")
+    if found and "skipped" in found:
+        print(f"recovery after a host fails: not measured ({found['skipped']})")
+    elif found:
+        print(
+            f"recovery after a host fails ({found['hosts']} hosts, elastic): first step on "
+            f"the others {found['kill']['total_s']:.1f} s after its rank was killed, "
+            f"{found['link']['total_s']:.1f} s after its link went down "
+            f"(HOROVOD_GLOO_TIMEOUT_SECONDS={found['gloo_timeout_s']})"
         )
     for kind, floor in results.get("spark_floor", {}).items():
         first, *later = floor["job_seconds"]
@@ -852,6 +877,10 @@ def main() -> int:
         print("checkpoint pause ...", flush=True)
         results["checkpoint_pause"] = checkpoint_pause(work, 0.25 if args.quick else 2.0)
         save(results, args.output)
+        if not args.quick:
+            print("recovery after a host fails ...", flush=True)
+            results["recovery"] = recovery(work)
+            save(results, args.output)
         if preproc_rows:
             by_rows: dict[str, dict[str, Any]] = {}
             results["preprocessing_by_rows"] = by_rows

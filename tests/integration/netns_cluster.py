@@ -304,6 +304,18 @@ class NetnsCluster:
         )
         return [int(p) for p in result.stdout.split()]
 
+    def main_py_processes(self, host: str) -> list[int]:
+        """Pids of the `main.py` ranks running on `host` (not their launcher)."""
+        found = []
+        for pid in self.processes(host):
+            try:
+                command = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if b"main.py" in command and b"horovodrun" not in b" ".join(command):
+                found.append(pid)
+        return found
+
     def kill_host(self, host: str) -> None:
         """Kills every process of `host`, as a machine that loses power."""
         for pid in self.processes(host):

@@ -9,24 +9,18 @@ the checkpoint to continue from."""
 
 from __future__ import annotations
 
-import json
 import os
-import signal
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
 
 from dataloading.synthetic import generate_split_binary
 from dlrm.checkpoint import Checkpoint, list_checkpoints
-from tests.integration.conftest import REPO, horovodrun, process_env
-from tests.integration.netns_cluster import INTERFACE, NetnsCluster, install_reason
-from tests.integration.test_multi_host import main_py_processes
+from tests.integration.elastic_job import ElasticJob
+from tests.integration.netns_cluster import NetnsCluster, install_reason
 
 HOSTS = ("node1", "node2", "node3")
 CARDINALITIES = (50, 200, 1000, 30, 5000, 7)
@@ -48,7 +42,6 @@ FLAGS = [
 ]
 # Gloo gives up on a silent peer (link down) after this; a closed connection fails at once.
 GLOO_TIMEOUT_S = 10
-RUN_TIMEOUT_S = 420
 # From node3's failure to horovodrun's exit when fewer than --min-np ranks are left:
 # the Gloo timeout, --elastic-timeout (10 s below) and the processes' shutdown.
 MIN_NP_EXIT_LIMIT_S = 90
@@ -75,77 +68,8 @@ def dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-class ElasticJob:
-    """One `horovodrun` elastic launch from node1, its hosts listed by a file that
-    the test edits (the discovery script prints it)."""
-
-    def __init__(self, cluster: NetnsCluster, directory: Path, dataset: Path) -> None:
-        self.cluster = cluster
-        self.directory = directory
-        self.run = directory / "run"
-        self.log = directory / "horovodrun.log"
-        self.hosts_file = directory / "hosts"
-        self.script = directory / "discover.sh"
-        self.dataset = dataset
-        directory.mkdir(parents=True, exist_ok=True)
-        self.list_hosts(*HOSTS)
-        self.script.write_text(f"#!/bin/sh\ncat {self.hosts_file}\n")
-        self.script.chmod(0o755)
-        self.launcher: subprocess.Popen | None = None
-
-    def list_hosts(self, *hosts: str) -> None:
-        self.hosts_file.write_text("".join(f"{h}:1\n" for h in hosts))
-
-    def start(self, min_np: int, *horovodrun_flags: str, np: int = 3) -> None:
-        command = [
-            horovodrun(), "--gloo", "-np", str(np), "--min-np", str(min_np),
-            "--host-discovery-script", str(self.script), "--network-interface", INTERFACE,
-            *horovodrun_flags,
-            sys.executable, "main.py", *FLAGS, f"--dataset_path={self.dataset}",
-            f"--save_checkpoint_path={self.run}",
-        ]  # fmt: skip
-        env = process_env({"HOROVOD_GLOO_TIMEOUT_SECONDS": str(GLOO_TIMEOUT_S)})
-        with self.log.open("w") as sink:
-            self.launcher = self.cluster.popen(
-                "node1", command, env=env, cwd=REPO, stdout=sink, stderr=subprocess.STDOUT
-            )
-
-    def records(self, event: str) -> list[dict[str, Any]]:
-        path = self.run / "metrics.jsonl"
-        if not path.exists():
-            return []
-        found = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-        return [r for r in found if r["event"] == event]
-
-    def wait_for_step(self, step: int) -> int:
-        """Waits until rank 0 logged a step at or past `step` on 3 ranks."""
-        assert self.launcher is not None
-        deadline = time.monotonic() + RUN_TIMEOUT_S
-        while time.monotonic() < deadline and self.launcher.poll() is None:
-            trained = self.records("train")
-            if trained and trained[-1]["step"] >= step:
-                assert main_py_processes(self.cluster, "node3"), self.output()
-                return int(trained[-1]["step"])
-            time.sleep(0.2)
-        pytest.fail(f"step {step} was not reached:\n{self.output()}")
-
-    def wait(self, timeout: float = RUN_TIMEOUT_S) -> int:
-        assert self.launcher is not None
-        try:
-            return self.launcher.wait(timeout=timeout)
-        finally:
-            if self.launcher.poll() is None:
-                os.killpg(self.launcher.pid, signal.SIGKILL)
-                self.launcher.wait()
-
-    def output(self) -> str:
-        return self.log.read_text()[-6000:] if self.log.exists() else ""
-
-    def kill_ranks(self, host: str) -> float:
-        """Kills `host`'s rank (its sshd lives on: the host can serve again)."""
-        for pid in main_py_processes(self.cluster, host):
-            os.kill(pid, signal.SIGKILL)
-        return time.time()
+def elastic_job(cluster: NetnsCluster, directory: Path, dataset: Path) -> ElasticJob:
+    return ElasticJob(cluster, directory, dataset, FLAGS, HOSTS, GLOO_TIMEOUT_S)
 
 
 References = tuple[ElasticJob, ElasticJob]  # uninterrupted on 3 ranks, on 2
@@ -153,7 +77,7 @@ References = tuple[ElasticJob, ElasticJob]  # uninterrupted on 3 ranks, on 2
 
 def run_uninterrupted(job: ElasticJob, *hosts: str) -> ElasticJob:
     job.list_hosts(*hosts)
-    job.start(2, np=len(hosts))
+    job.start(len(hosts), 2)
     assert job.wait() == 0, job.output()
     assert job.records("summary")[-1]["elastic"]["worlds"] == [len(hosts)], job.output()
     return job
@@ -167,8 +91,8 @@ def uninterrupted(
     apart the world size alone puts the results (the order of the ranks' sums)."""
     root = tmp_path_factory.mktemp("uninterrupted")
     return (
-        run_uninterrupted(ElasticJob(cluster, root / "three", dataset), *HOSTS),
-        run_uninterrupted(ElasticJob(cluster, root / "two", dataset), "node1", "node2"),
+        run_uninterrupted(elastic_job(cluster, root / "three", dataset), *HOSTS),
+        run_uninterrupted(elastic_job(cluster, root / "two", dataset), "node1", "node2"),
     )
 
 
@@ -236,9 +160,9 @@ def test_a_host_killed_mid_epoch_then_listed_again_shrinks_the_job_and_grows_it_
     steps: the job goes on with node1 and node2 from that checkpoint. node3 stays in
     the discovery script's list, so after horovodrun's cooldown (1-2 s) it joins at
     the next checkpoint, and the job ends on 3 ranks."""
-    job = ElasticJob(cluster, tmp_path, dataset)
-    job.start(2, "--blacklist-cooldown-range", "1", "2")
-    at = job.wait_for_step(EVERY + 5)
+    job = elastic_job(cluster, tmp_path, dataset)
+    job.start(3, 2, "--blacklist-cooldown-range", "1", "2")
+    at = job.wait_for_step(EVERY + 5, "node3")
     failed_at = job.kill_ranks("node3")
     assert job.wait() == 0, job.output()
     assert_like_uninterrupted(job, uninterrupted, [3, 2, 3])
@@ -258,9 +182,9 @@ def test_a_host_whose_link_goes_down_leaves_the_job_on_two_ranks(
 ) -> None:
     """node3's link goes down (its rank lives on, cut off) and the discovery script
     stops listing it: the job finishes on node1 and node2."""
-    job = ElasticJob(cluster, tmp_path, dataset)
-    job.start(2)
-    at = job.wait_for_step(2 * EVERY + 5)
+    job = elastic_job(cluster, tmp_path, dataset)
+    job.start(3, 2)
+    at = job.wait_for_step(2 * EVERY + 5, "node3")
     try:
         cluster.link("node3", up=False)
         failed_at = time.time()
@@ -279,9 +203,9 @@ def test_a_host_whose_link_goes_down_leaves_the_job_on_two_ranks(
 def test_fewer_ranks_than_min_np_end_the_job_within_a_bound_naming_host_and_checkpoint(
     cluster: NetnsCluster, dataset: Path, tmp_path: Path
 ) -> None:
-    job = ElasticJob(cluster, tmp_path, dataset)
-    job.start(3, "--elastic-timeout", "10")
-    job.wait_for_step(EVERY + 5)
+    job = elastic_job(cluster, tmp_path, dataset)
+    job.start(3, 3, "--elastic-timeout", "10")
+    job.wait_for_step(EVERY + 5, "node3")
     failed_at = job.kill_ranks("node3")
     job.list_hosts("node1", "node2")
     returncode = job.wait(timeout=MIN_NP_EXIT_LIMIT_S)
@@ -296,6 +220,6 @@ def test_fewer_ranks_than_min_np_end_the_job_within_a_bound_naming_host_and_chec
     assert not job.records("summary")
     Checkpoint(newest).verify()  # complete, and kept
     deadline = time.monotonic() + 20  # horovodrun terminates the ranks as it exits
-    while any(main_py_processes(cluster, host) for host in HOSTS):
+    while any(cluster.main_py_processes(host) for host in HOSTS):
         assert time.monotonic() < deadline, "a rank outlived the job"
         time.sleep(0.5)

@@ -152,19 +152,6 @@ GLOO_TIMEOUT_S = 20
 FAILURE_EXIT_LIMIT_S = 90
 
 
-def main_py_processes(cluster: NetnsCluster, host: str) -> list[int]:
-    """Pids of the main.py ranks running on `host`."""
-    found = []
-    for pid in cluster.processes(host):
-        try:
-            command = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if b"main.py" in command and b"horovodrun" not in b" ".join(command):
-            found.append(pid)
-    return found
-
-
 def wait_for_checkpoint_and_steps(run: Path, launcher: object, log: Path) -> int:
     """Waits until a checkpoint exists and 5 more steps were logged; returns the
     checkpoint's step."""
@@ -219,8 +206,8 @@ def test_a_failed_host_stops_the_other_and_the_checkpoint_restores(
             )
             try:
                 saved = wait_for_checkpoint_and_steps(run, launcher, log)
-                survivors = main_py_processes(cluster, "node1")
-                assert len(survivors) == 1 and len(main_py_processes(cluster, "node2")) == 1
+                survivors = cluster.main_py_processes("node1")
+                assert len(survivors) == 1 and len(cluster.main_py_processes("node2")) == 1
                 if failure == "link_down":
                     cluster.link("node2", up=False)
                 else:
