@@ -165,81 +165,119 @@ def test_training_script_trains_two_ranks_and_checkpoints(
     assert kinds == {"data_parallel", "table_wise"}, f"{kinds}\n{tail(output)}"
 
 
-def test_a_requeued_job_continues_from_its_checkpoint_like_an_uninterrupted_one(
-    cluster: SlurmCluster, dataset: Path, tmp_path: Path
-) -> None:
-    """A 2-rank job stopped twice: first by `scontrol requeue` (Slurm sends every
-    rank SIGTERM), then ahead of its time limit (`sbatch --signal=B:USR1@T`
-    signals the batch script; `scancel --batch --signal=USR1` does the same at
-    once), where the script passes USR1 on to the ranks and requeues the job
-    itself. Each time the ranks stop after one same step with a checkpoint, and
-    the job, started again with the same flags, continues from it (the script
-    passes --resume) to the weights of a job that ran straight through."""
-    steps = 600  # 39 steps an epoch; each stop lands within a few dozen steps of a start
-    flags = [*TRAIN_FLAGS, "--epochs=16", f"--max_steps={steps}", "--print_freq=5"]
-    straight, straight_out = tmp_path / "straight", tmp_path / "straight.out"
-    environment = {"DATASET_PATH": str(dataset), "CHECKPOINT_DIR": str(straight)}
+REQUEUE_STEPS = 600  # 39 steps an epoch; each stop lands within a few dozen steps of a start
+REQUEUE_FLAGS = [*TRAIN_FLAGS, "--epochs=16", f"--max_steps={REQUEUE_STEPS}", "--print_freq=5"]
+
+
+@pytest.fixture(scope="module")
+def straight_run(
+    cluster: SlurmCluster, dataset: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Checkpoint:
+    """The last checkpoint of a 2-rank job that ran straight through: what a
+    requeued job of either script must end with (N ranks train like one)."""
+    root = tmp_path_factory.mktemp("straight")
+    environment = {"DATASET_PATH": str(dataset), "CHECKPOINT_DIR": str(root / "run")}
+    output = root / "job.out"
     assert_completed(
-        submit(cluster, "train_srun.sbatch", straight_out, environment, flags), straight_out
+        submit(cluster, "train_srun.sbatch", output, environment, REQUEUE_FLAGS), output
     )
+    return Checkpoint(root / "run" / f"step_{REQUEUE_STEPS:09d}")
 
-    checkpoints, output = tmp_path / "requeued", tmp_path / "job.out"
-    environment = {"DATASET_PATH": str(dataset), "CHECKPOINT_DIR": str(checkpoints)}
-    job_id = start(cluster, "train_srun.sbatch", output, environment, flags)
-    log = checkpoints / "metrics.jsonl"
-    deadline = time.monotonic() + JOB_TIMEOUT
 
-    def events() -> list[str]:
-        lines = log.read_text().splitlines() if log.is_file() else []
-        return [json.loads(line)["event"] for line in lines]
+class RequeuedJob:
+    """A 2-rank training job of `script`, stopped by the test and started again."""
 
-    def wait_until_training(stops: int) -> None:
+    def __init__(self, cluster: SlurmCluster, script: str, dataset: Path, directory: Path) -> None:
+        self.cluster = cluster
+        self.checkpoints, self.output = directory / "requeued", directory / "job.out"
+        environment = {"DATASET_PATH": str(dataset), "CHECKPOINT_DIR": str(self.checkpoints)}
+        self.job_id = start(cluster, script, self.output, environment, REQUEUE_FLAGS)
+        self.log = self.checkpoints / "metrics.jsonl"
+        self.deadline = time.monotonic() + JOB_TIMEOUT
+
+    def records(self) -> list[dict[str, Any]]:
+        lines = self.log.read_text().splitlines() if self.log.is_file() else []
+        return [json.loads(line) for line in lines]
+
+    def wait_until_training(self, stops: int) -> None:
         """Until the job, stopped `stops` times so far, trains again: a progress
         record after the last stop's record."""
         while True:
-            seen = events()
+            seen = [r["event"] for r in self.records()]
             last_stop = max((i for i, e in enumerate(seen) if e == "preempted"), default=-1)
             if seen.count("preempted") == stops and "train" in seen[last_stop + 1 :]:
                 return
-            assert time.monotonic() < deadline, tail(output)
-            assert cluster.job(job_id).get("JobState") in ("PENDING", "RUNNING"), tail(output)
+            assert time.monotonic() < self.deadline, tail(self.output)
+            state = self.cluster.job(self.job_id).get("JobState")
+            assert state in ("PENDING", "RUNNING"), tail(self.output)
             time.sleep(0.2)
 
-    def release_when_requeued() -> None:
+    def release_when_requeued(self) -> None:
         # Slurm holds a requeued job for about two minutes before it may start again.
-        while cluster.job(job_id).get("JobState") != "PENDING":
-            assert time.monotonic() < deadline, tail(output)
+        while self.cluster.job(self.job_id).get("JobState") != "PENDING":
+            assert time.monotonic() < self.deadline, tail(self.output)
             time.sleep(1)
-        cluster.client(["scontrol", "update", f"JobId={job_id}", "StartTime=now"])
+        self.cluster.client(["scontrol", "update", f"JobId={self.job_id}", "StartTime=now"])
 
-    wait_until_training(0)
-    cluster.client(["scontrol", "requeue", str(job_id)])
-    release_when_requeued()
-    wait_until_training(1)
-    cluster.client(["scancel", "--batch", "--signal=USR1", str(job_id)])
-    release_when_requeued()
-    job = cluster.wait_for_job(job_id, timeout=JOB_TIMEOUT)
+    def assert_ends_like(self, straight: Checkpoint, restarts: int) -> None:
+        """Completed after `restarts` requeues, each stop at one step, with the
+        weights of the job that ran straight through."""
+        job = self.cluster.wait_for_job(self.job_id, timeout=JOB_TIMEOUT)
+        assert_completed(job, self.output)
+        assert job.get("Restarts") == str(restarts), tail(self.output)
+        stops = [r["step"] for r in self.records() if r["event"] == "preempted"]
+        assert len(stops) == restarts and stops[0] > 0, tail(self.output)
+        assert stops == sorted(set(stops)) and stops[-1] < REQUEUE_STEPS, tail(self.output)
+        resumed = metrics_summary(self.log, self.output)
+        expected = (REQUEUE_STEPS, REQUEUE_STEPS - stops[-1])
+        assert (resumed["steps"], resumed["steps_this_run"]) == expected, tail(self.output)
+        got = Checkpoint(self.checkpoints / f"step_{REQUEUE_STEPS:09d}")
+        for name, value in straight.dense().items():
+            np.testing.assert_allclose(got.dense()[name], value, rtol=2e-5, atol=1e-6, err_msg=name)
+        for table, rows in enumerate(int(c) for c in CARDINALITIES.split(",")):
+            np.testing.assert_allclose(
+                got.read_table_slice(table, (0, rows), (0, 8), None),
+                straight.read_table_slice(table, (0, rows), (0, 8), None),
+                rtol=2e-5,
+                atol=1e-6,
+                err_msg=f"table {table}",
+            )
 
-    assert_completed(job, output)
-    assert job.get("Restarts") == "2", tail(output)
-    assert "requeueing job" in output.read_text(), tail(output)
-    records = [json.loads(line) for line in log.read_text().splitlines()]
-    first, second = (r["step"] for r in records if r["event"] == "preempted")
-    assert 0 < first < second < steps, tail(output)
-    resumed = metrics_summary(log, output)
-    assert (resumed["steps"], resumed["steps_this_run"]) == (steps, steps - second), tail(output)
-    expected = Checkpoint(straight / f"step_{steps:09d}")
-    got = Checkpoint(checkpoints / f"step_{steps:09d}")
-    for name, value in expected.dense().items():
-        np.testing.assert_allclose(got.dense()[name], value, rtol=2e-5, atol=1e-6, err_msg=name)
-    for table, rows in enumerate(int(c) for c in CARDINALITIES.split(",")):
-        np.testing.assert_allclose(
-            got.read_table_slice(table, (0, rows), (0, 8), None),
-            expected.read_table_slice(table, (0, rows), (0, 8), None),
-            rtol=2e-5,
-            atol=1e-6,
-            err_msg=f"table {table}",
-        )
+
+def test_a_requeued_job_continues_from_its_checkpoint_like_an_uninterrupted_one(
+    cluster: SlurmCluster, dataset: Path, straight_run: Checkpoint, tmp_path: Path
+) -> None:
+    """A 2-rank `train_srun.sbatch` job stopped twice: first by `scontrol requeue`
+    (Slurm sends every rank SIGTERM), then ahead of its time limit (`sbatch
+    --signal=B:USR1@T` signals the batch script; `scancel --batch --signal=USR1`
+    does the same at once), where the script passes USR1 on to the ranks and
+    requeues the job itself. Each time the ranks stop after one same step with a
+    checkpoint, and the job, started again with the same flags, continues from it
+    (the script passes --resume) to the weights of a job that ran straight through."""
+    job = RequeuedJob(cluster, "train_srun.sbatch", dataset, tmp_path)
+    job.wait_until_training(0)
+    cluster.client(["scontrol", "requeue", str(job.job_id)])
+    job.release_when_requeued()
+    job.wait_until_training(1)
+    cluster.client(["scancel", "--batch", "--signal=USR1", str(job.job_id)])
+    job.release_when_requeued()
+    job.assert_ends_like(straight_run, restarts=2)
+    assert "requeueing job" in job.output.read_text(), tail(job.output)
+
+
+def test_a_horovodrun_job_requeues_itself_ahead_of_its_time_limit(
+    cluster: SlurmCluster, dataset: Path, straight_run: Checkpoint, tmp_path: Path
+) -> None:
+    """`train_horovodrun.sbatch` signalled as `--signal=B:USR1@T` would: the script
+    sends USR1 to the ranks, they stop after one same step with a checkpoint, the
+    script requeues the job, and it ends with the weights of the straight run."""
+    job = RequeuedJob(cluster, "train_horovodrun.sbatch", dataset, tmp_path)
+    job.wait_until_training(0)
+    cluster.client(["scancel", "--batch", "--signal=USR1", str(job.job_id)])
+    job.release_when_requeued()
+    job.assert_ends_like(straight_run, restarts=1)
+    text = job.output.read_text()
+    assert "train_horovodrun.sbatch: stopped ahead of the time limit" in text, tail(job.output)
 
 
 def test_preprocess_script_writes_a_dataset(cluster: SlurmCluster, tmp_path: Path) -> None:
