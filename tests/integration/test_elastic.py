@@ -44,7 +44,7 @@ FLAGS = [
 GLOO_TIMEOUT_S = 10
 # From node3's failure to horovodrun's exit when fewer than --min-np ranks are left:
 # the Gloo timeout, --elastic-timeout (10 s below) and the processes' shutdown.
-MIN_NP_EXIT_LIMIT_S = 90
+MIN_NP_EXIT_LIMIT_S = 120
 
 
 @pytest.fixture(scope="module")
@@ -171,24 +171,31 @@ def test_a_host_killed_mid_epoch_then_listed_again_shrinks_the_job_and_grows_it_
     assert joined["reason"] == "the hosts changed" and joined["joined"] == ["node3"], joined
     assert joined["step"] % EVERY == 0 and joined["step"] > lost["step"], joined
     recovered = job.records("elastic_recovered")[0]["time"] - failed_at
-    print(f"killed: first step on 2 ranks {recovered:.1f} s after node3's rank was killed")
+    print(f"killed, then back: first step on 2 ranks {recovered:.1f} s after the kill")
 
 
-def test_a_host_whose_link_goes_down_leaves_the_job_on_two_ranks(
+@pytest.mark.parametrize("failure", ["rank_killed", "link_down"])
+def test_a_failed_host_leaves_the_job_on_two_ranks(
     cluster: NetnsCluster,
     dataset: Path,
     uninterrupted: References,
     tmp_path: Path,
+    failure: str,
 ) -> None:
-    """node3's link goes down (its rank lives on, cut off) and the discovery script
-    stops listing it: the job finishes on node1 and node2."""
+    """node3's rank is killed, or its link goes down (its rank lives on, cut off),
+    mid-epoch: the job finishes on node1 and node2. node3 stays listed, but a host
+    that failed does not join again without --blacklist-cooldown-range. (Taking a
+    host whose link is down off the list would make horovodrun tell rank 0, and when
+    rank 0 is on that host, the call waits on the dead link for about a minute.)"""
     job = elastic_job(cluster, tmp_path, dataset)
     job.start(3, 2)
     at = job.wait_for_step(2 * EVERY + 5, "node3")
     try:
-        cluster.link("node3", up=False)
-        failed_at = time.time()
-        job.list_hosts("node1", "node2")
+        if failure == "rank_killed":
+            failed_at = job.kill_ranks("node3")
+        else:
+            cluster.link("node3", up=False)
+            failed_at = time.time()
         assert job.wait() == 0, job.output()
     finally:
         cluster.link("node3", up=True)
@@ -197,7 +204,7 @@ def test_a_host_whose_link_goes_down_leaves_the_job_on_two_ranks(
     (lost,) = job.records("elastic_reset")
     assert lost["lost"] == ["node3"] and lost["ended_at_step"] >= at, lost
     recovered = job.records("elastic_recovered")[0]["time"] - failed_at
-    print(f"link down: first step on 2 ranks {recovered:.1f} s after node3's link went down")
+    print(f"{failure}: first step on 2 ranks {recovered:.1f} s after node3 failed")
 
 
 def test_fewer_ranks_than_min_np_end_the_job_within_a_bound_naming_host_and_checkpoint(
@@ -206,8 +213,7 @@ def test_fewer_ranks_than_min_np_end_the_job_within_a_bound_naming_host_and_chec
     job = elastic_job(cluster, tmp_path, dataset)
     job.start(3, 3, "--elastic-timeout", "10")
     job.wait_for_step(EVERY + 5, "node3")
-    failed_at = job.kill_ranks("node3")
-    job.list_hosts("node1", "node2")
+    failed_at = job.kill_ranks("node3")  # and it never joins again (no cooldown range)
     returncode = job.wait(timeout=MIN_NP_EXIT_LIMIT_S)
     ended = time.time() - failed_at
     output = job.output()
