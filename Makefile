@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 # pytest-xdist workers, a test file each at a time (0: one process, in order).
-TEST_WORKERS ?= 3
+TEST_WORKERS ?= 2
 PYTEST := $(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 DEMO_ARGS ?=
 

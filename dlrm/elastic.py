@@ -129,15 +129,20 @@ def train_elastic(
                 report(log, summary)
                 return summary
             except HostsChanged:
-                reason, peer = HOSTS_CHANGED, None
+                reason, peer, ended_at = HOSTS_CHANGED, None, time.time()
             except Exception as error:
                 if not lost_a_rank(error):
                     raise
-                reason, peer = LOST_A_RANK, lost_peer(error)
+                reason, peer, ended_at = LOST_A_RANK, lost_peer(error), time.time()
             finally:
                 log.close()
             totals.steps_trained += progress.step - progress.start_step
-            hosts = session.hosts if session is not None else [socket.gethostname()]
+            # A world that failed before its session was built never learnt its hosts:
+            # the last world's stand in for them in the report.
+            if session is not None:
+                hosts = session.hosts
+            else:
+                hosts = previous.hosts if previous is not None else [socket.gethostname()]
             checkpoint = newest_checkpoint(directory, progress.step, reason)
             if reason == LOST_A_RANK:
                 totals.rolled_back_steps += max(0, progress.step - checkpoint.step)
@@ -152,7 +157,7 @@ def train_elastic(
                     file=console,
                     flush=True,
                 )
-            previous = Continuation(reason, time.time(), progress.step, checkpoint, hosts)
+            previous = Continuation(reason, ended_at, progress.step, checkpoint, hosts)
             totals.resets += 1
             del session
             membership.reset()

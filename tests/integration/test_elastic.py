@@ -42,6 +42,9 @@ FLAGS = [
 ]
 # Gloo gives up on a silent peer (link down) after this; a closed connection fails at once.
 GLOO_TIMEOUT_S = 10
+# It also bounds how long the ranks of a growing job wait for the new host's rank to
+# start (import TensorFlow, join): on 2 cores shared with other tests, more than 10 s.
+GROWING_GLOO_TIMEOUT_S = 60
 # From node3's failure to horovodrun's exit when fewer than --min-np ranks are left:
 # the Gloo timeout, --elastic-timeout (10 s below) and the processes' shutdown.
 MIN_NP_EXIT_LIMIT_S = 120
@@ -68,8 +71,10 @@ def dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-def elastic_job(cluster: NetnsCluster, directory: Path, dataset: Path) -> ElasticJob:
-    return ElasticJob(cluster, directory, dataset, FLAGS, HOSTS, GLOO_TIMEOUT_S)
+def elastic_job(
+    cluster: NetnsCluster, directory: Path, dataset: Path, gloo_timeout_s: int = GLOO_TIMEOUT_S
+) -> ElasticJob:
+    return ElasticJob(cluster, directory, dataset, FLAGS, HOSTS, gloo_timeout_s)
 
 
 References = tuple[ElasticJob, ElasticJob]  # uninterrupted on 3 ranks, on 2
@@ -160,7 +165,7 @@ def test_a_host_killed_mid_epoch_then_listed_again_shrinks_the_job_and_grows_it_
     steps: the job goes on with node1 and node2 from that checkpoint. node3 stays in
     the discovery script's list, so after horovodrun's cooldown (1-2 s) it joins at
     the next checkpoint, and the job ends on 3 ranks."""
-    job = elastic_job(cluster, tmp_path, dataset)
+    job = elastic_job(cluster, tmp_path, dataset, GROWING_GLOO_TIMEOUT_S)
     job.start(3, 2, "--blacklist-cooldown-range", "1", "2")
     at = job.wait_for_step(EVERY + 5, "node3")
     failed_at = job.kill_ranks("node3")
