@@ -6,10 +6,12 @@ import os
 import shutil
 import subprocess
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import pytest
+
+from tests.integration.netns_cluster import NetnsCluster, install_reason
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -58,3 +60,18 @@ def run(
         timeout=timeout,
         check=False,
     )
+
+
+def netns_cluster(
+    tmp_path_factory: pytest.TempPathFactory, hosts: int = 2, tag: str = ""
+) -> Iterator[NetnsCluster]:
+    """For a module fixture (`yield from`): a started cluster of `hosts` simulated
+    hosts, stopped afterwards; the test is skipped where namespaces need root."""
+    reason = install_reason()
+    if reason is not None:
+        pytest.skip(reason)
+    cluster = NetnsCluster(tmp_path_factory.mktemp("cluster"), hosts=hosts, tag=tag).start()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()

@@ -19,24 +19,20 @@ import pytest
 
 from dataloading.synthetic import generate_split_binary
 from dlrm.checkpoint import Checkpoint, list_checkpoints
+from tests.integration.conftest import netns_cluster
 from tests.integration.elastic_job import ElasticJob
-from tests.integration.netns_cluster import NetnsCluster, install_reason
+from tests.integration.netns_cluster import NetnsCluster
+from tests.integration.test_hybrid_main import FLAGS as HYBRID_MAIN_FLAGS
 
 HOSTS = ("node1", "node2", "node3")
 CARDINALITIES = (50, 200, 1000, 30, 5000, 7)
 STEPS, EVERY, BATCH = 240, 20, 768  # the batch divides by 3 and 2 ranks
+# The N-rank tests' model (tables 2 and 4 model-parallel, resharded per world); the
+# flags given later win.
 FLAGS = [
+    *HYBRID_MAIN_FLAGS,
     f"--batch_size={BATCH}",
-    "--optimizer=adagrad",
-    "--learning_rate=0.05",
-    "--warmup_steps=0",
-    "--decay_start_step=0",
-    "--embedding_dim=8",
-    "--bottom_mlp_dims=32,8",
-    "--top_mlp_dims=32,1",
     "--print_freq=5",
-    "--evals_per_epoch=0",
-    "--data_parallel_threshold=2000",  # tables 2 and 4 model-parallel, resharded per world
     f"--max_steps={STEPS}",
     f"--checkpoint_every_steps={EVERY}",
 ]
@@ -52,16 +48,7 @@ MIN_NP_EXIT_LIMIT_S = 120
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NetnsCluster]:
-    reason = install_reason()
-    if reason is not None:
-        pytest.skip(reason)
-    cluster = NetnsCluster(
-        tmp_path_factory.mktemp("cluster"), hosts=3, tag=f"elastic{os.getpid() % 100000}"
-    ).start()
-    try:
-        yield cluster
-    finally:
-        cluster.stop()
+    yield from netns_cluster(tmp_path_factory, hosts=3, tag=f"elastic{os.getpid() % 100000}")
 
 
 @pytest.fixture(scope="module")

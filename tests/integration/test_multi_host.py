@@ -20,7 +20,7 @@ import pytest
 
 from dataloading.synthetic import generate_split_binary
 from dlrm.checkpoint import Checkpoint
-from tests.integration.conftest import REPO, horovodrun, process_env
+from tests.integration.conftest import REPO, horovodrun, netns_cluster, process_env
 from tests.integration.netns_cluster import INTERFACE, NetnsCluster, install_reason
 from tests.integration.test_hybrid_failures import _is_zombie
 from tests.integration.test_hybrid_main import FLAGS, assert_same_checkpoint
@@ -40,14 +40,7 @@ HOSTS = "node1:1,node2:1"
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NetnsCluster]:
-    reason = install_reason()
-    if reason is not None:
-        pytest.skip(reason)
-    cluster = NetnsCluster(tmp_path_factory.mktemp("cluster")).start()
-    try:
-        yield cluster
-    finally:
-        cluster.stop()
+    yield from netns_cluster(tmp_path_factory)
 
 
 @pytest.fixture(scope="module")
