@@ -214,7 +214,13 @@ class RequeuedJob:
 
     def release_when_requeued(self) -> None:
         # Slurm holds a requeued job for about two minutes before it may start again.
-        while self.cluster.job(self.job_id).get("JobState") != "PENDING":
+        # Released sooner, it must wait until the node has finished its last run (the
+        # node is "completing" until then): else the launch is refused ("Job
+        # credential revoked") and the job fails, as seen on a loaded machine.
+        while (
+            self.cluster.job(self.job_id).get("JobState") != "PENDING"
+            or not self.cluster.all_idle()
+        ):
             assert time.monotonic() < self.deadline, tail(self.output)
             time.sleep(1)
         self.cluster.client(["scontrol", "update", f"JobId={self.job_id}", "StartTime=now"])
