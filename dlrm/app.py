@@ -27,15 +27,15 @@ def run(config: RunConfig, console: TextIO | None = None) -> dict[str, Any]:
             "--mode export: run it as one process (python main.py ...), not under "
             "horovodrun/srun/mpirun: every rank would write the same SavedModel"
         )
-    if config.mode == "train" and launched_elastic():
+    if launched_elastic():
+        if config.mode != "train":
+            raise ConfigError(
+                f"--mode {config.mode}: Horovod Elastic (horovodrun --host-discovery-script) "
+                "runs --mode train only; launch the other modes with horovodrun -np N -H ..."
+            )
         from dlrm.elastic import train_elastic
 
         return train_elastic(config, console, report_summary)
-    if config.mode != "train" and launched_elastic():
-        raise ConfigError(
-            f"--mode {config.mode}: Horovod Elastic (horovodrun --host-discovery-script) "
-            "runs --mode train only; launch the other modes with horovodrun -np N -H ..."
-        )
     collectives = create_collectives(config.bind_cpus) if config.mode != "export" else Collectives()
     check_world_size(config, collectives.world_size)
     log = MetricsLog(

@@ -53,6 +53,11 @@ class Continuation:
     checkpoint: Checkpoint
     hosts: list[str]  # rank r's hostname in that world
 
+    @property
+    def rolled_back_steps(self) -> int:
+        """The steps that world trained after the checkpoint, to be trained again."""
+        return max(0, self.step - self.checkpoint.step)
+
 
 @dataclasses.dataclass
 class ElasticTotals:
@@ -144,8 +149,9 @@ def train_elastic(
             else:
                 hosts = previous.hosts if previous is not None else [socket.gethostname()]
             checkpoint = newest_checkpoint(directory, progress.step, reason)
+            previous = Continuation(reason, ended_at, progress.step, checkpoint, hosts)
             if reason == LOST_A_RANK:
-                totals.rolled_back_steps += max(0, progress.step - checkpoint.step)
+                totals.rolled_back_steps += previous.rolled_back_steps
                 # Every survivor says it: rank 0 may be the one that was lost.
                 print(
                     f"elastic: {reason}"
@@ -157,7 +163,6 @@ def train_elastic(
                     file=console,
                     flush=True,
                 )
-            previous = Continuation(reason, ended_at, progress.step, checkpoint, hosts)
             totals.resets += 1
             del session
             membership.reset()
@@ -172,12 +177,15 @@ def announce(session: Session, previous: Continuation, totals: ElasticTotals) ->
     changes = ([f"without {', '.join(lost)}"] if lost else []) + (
         [f"with {', '.join(joined)} joining"] if joined else []
     )
-    rolled_back = max(0, previous.step - previous.checkpoint.step)
     session.log.print(
         f"elastic: {previous.reason}; continuing on {session.collectives.world_size} ranks"
         + (f" ({'; '.join(changes)})" if changes else "")
         + f" from {previous.checkpoint.path} (step {previous.checkpoint.step:,})"
-        + (f", {rolled_back:,} steps to train again" if previous.reason == LOST_A_RANK else "")
+        + (
+            f", {previous.rolled_back_steps:,} steps to train again"
+            if previous.reason == LOST_A_RANK
+            else ""
+        )
     )
     session.log.write(
         "elastic_reset",

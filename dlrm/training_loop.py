@@ -51,11 +51,10 @@ def eval_steps(steps_per_epoch: int, epochs: int, evals_per_epoch: int) -> list[
 @dataclasses.dataclass
 class TrainProgress:
     """How far a run got, readable when it failed (`dlrm.elastic`): the step it
-    started at, the last step every rank finished, and when the first one ended."""
+    started at and the last step every rank finished."""
 
     start_step: int = 0
     step: int = 0
-    first_step_at: float | None = None  # time.time()
     on_first_step: Callable[[], None] | None = None  # called after the first step
 
 
@@ -191,10 +190,8 @@ def train(
                 step += 1
                 stopped, timed = (bool(flag) for flag in agreed.numpy())
                 progress.step = step
-                if progress.first_step_at is None:
-                    progress.first_step_at = time.time()
-                    if progress.on_first_step is not None:
-                        progress.on_first_step()
+                if step == start_step + 1 and progress.on_first_step is not None:
+                    progress.on_first_step()
                 report = step % config.print_freq == 0
                 if report or step in evals or step == total_steps or stopped:
                     # Each rank's loss is its share of the global mean: their sum is it.
