@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import sys
+import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -276,7 +278,9 @@ def quiet_logs(verbose: bool) -> None:
     errors: none of its C++ start-up lines, no absl pre-init notice, none of the
     INFO lines that TensorFlow's Python code logs through absl (a SavedModel's
     saving, for one). `--verbosity 0` or higher (absl's flag), or
-    TF_CPP_MIN_LOG_LEVEL in the environment for the C++ part, brings them back."""
+    TF_CPP_MIN_LOG_LEVEL in the environment for the C++ part, brings them back. The
+    notices TensorFlow prints as it loads, which TF_CPP_MIN_LOG_LEVEL does not reach,
+    are filtered out of its import unless that is 0."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "0" if verbose else "2")
     if not verbose:
         import logging
@@ -285,6 +289,48 @@ def quiet_logs(verbose: bool) -> None:
 
         logging.getLogger("tensorflow").setLevel(logging.ERROR)
         absl_logging.set_verbosity(absl_logging.ERROR)
+        if os.environ["TF_CPP_MIN_LOG_LEVEL"] != "0":
+            import_tensorflow_without_notices()
+
+
+# What TensorFlow's C++ code writes to stderr while it loads, before its logging
+# reads TF_CPP_MIN_LOG_LEVEL: absl's notice that its logging is not set up yet, and,
+# on CPUs where oneDNN's ops are on by default (AVX-512 VNNI or BF16, AMX), a line
+# saying so. Neither asks anything of the user.
+IMPORT_NOTICES = re.compile(
+    rb"All log messages before absl::InitializeLog\(\) is called are written to STDERR"
+    rb"|\] oneDNN custom operations are on\. "
+)
+
+
+def import_tensorflow_without_notices() -> None:
+    """Imports TensorFlow with stderr passed through a filter that drops the
+    `IMPORT_NOTICES` lines; every other line it writes (an error, say) comes out as
+    it is written. TensorFlow writes them from C++ (`sys.stderr` cannot catch them),
+    so file descriptor 2 itself points at a pipe during the import."""
+    if "tensorflow" in sys.modules:
+        return
+    sys.stderr.flush()
+    stderr = os.dup(2)
+    read_end, write_end = os.pipe()
+    os.dup2(write_end, 2)
+    os.close(write_end)
+
+    def forward() -> None:
+        with os.fdopen(read_end, "rb") as pipe:
+            for line in pipe:
+                if not IMPORT_NOTICES.search(line):
+                    os.write(stderr, line)
+
+    forwarder = threading.Thread(target=forward, name="stderr-filter", daemon=True)
+    forwarder.start()
+    try:
+        import tensorflow  # noqa: F401
+    finally:
+        sys.stderr.flush()
+        os.dup2(stderr, 2)  # the pipe's last writer closed: the forwarder reads to the end
+        forwarder.join()
+        os.close(stderr)
 
 
 # Seconds a rank that leaves an error to rank 0 waits before it exits (see `_error`).

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -12,6 +15,8 @@ from absl import flags
 from dlrm.config import DEFAULT_CPU_DENSE_CHUNK_ROWS, ConfigError, RunConfig, check_world_size
 from dlrm.preemption import parse_signal
 from dlrm.training_loop import eval_steps
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def config(**overrides: object) -> RunConfig:
@@ -217,3 +222,33 @@ def test_packaged_flagfiles_are_found_by_name_from_any_directory(
     (tmp_path / "mlperf_dcnv2_small.flags").write_text("--batch_size=4\n")
     mine = ["dlrm-train", "--flagfile=mlperf_dcnv2_small.flags", "--flagfile=nothing.flags"]
     assert cli.resolve_flagfiles(mine) == mine
+
+
+def test_tensorflow_loads_without_its_notices_and_passes_every_other_line(tmp_path: Path) -> None:
+    """At default verbosity the notices TensorFlow's C++ code writes to stderr as it
+    loads are dropped (AVX-512 BF16 CPUs print the oneDNN one; AVX2-only ones do
+    not, hence a stand-in `tensorflow` module that writes what TensorFlow 2.21
+    writes, from the file descriptor as C++ does), and any other line passes."""
+    (tmp_path / "tensorflow.py").write_text(
+        "import os\n"
+        "for line in (\n"
+        "    'WARNING: All log messages before absl::InitializeLog() is called are written"
+        " to STDERR',\n"
+        "    'I0000 00:00:1795775947.321043    4509 port.cc:153] oneDNN custom operations"
+        " are on. You may see slightly different numerical results',\n"
+        "    'E0000 00:00:1795775947.321043    4509 a real error: kept',\n"
+        "):\n"
+        "    os.write(2, (line + '\\n').encode())\n"
+    )
+    program = "from dlrm import cli\ncli.import_tensorflow_without_notices()\nprint('imported')\n"
+    result = subprocess.run(
+        [sys.executable, "-c", program],
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(REPO)])},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "imported\n"
+    assert result.stderr == "E0000 00:00:1795775947.321043    4509 a real error: kept\n"
