@@ -3,7 +3,8 @@ SHELL := /bin/bash
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
-# pytest-xdist workers, a test file each at a time (0: one process, in order).
+# pytest-xdist workers, a test file each at a time (0: one process, in order); `make
+# test` runs the container test beside them (tests/run.py).
 TEST_WORKERS ?= 2
 PYTEST := $(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 DEMO_ARGS ?=
@@ -15,7 +16,7 @@ install:
 
 # The whole suite: lint, unit tests, integration tests (real horovodrun processes).
 test: install lint
-	@$(PYTEST) $(PYTEST_ARGS)
+	@TEST_WORKERS=$(TEST_WORKERS) $(PY) -m tests.run $(PYTEST_ARGS)
 
 test-unit: install
 	@$(PYTEST) tests/unit $(PYTEST_ARGS)
