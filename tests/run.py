@@ -37,11 +37,18 @@ def xdist_command(workers: int, args: Sequence[str]) -> list[str]:
     ]  # fmt: skip
 
 
+# pytest options whose value is the next argument (some name paths that are no tests to run).
+VALUE_OPTIONS = frozenset(
+    {"-k", "-m", "-p", "-o", "-c", "--junitxml", "--durations", "--basetemp", "--ignore",
+     "--deselect", "--rootdir", "--maxfail", "--tb"}
+)  # fmt: skip
+
+
 def names_tests(args: Sequence[str]) -> bool:
     """Whether `args` name tests to run (a file, a directory or a node id) rather
     than only options."""
     for index, arg in enumerate(args):
-        if arg.startswith("-") or (index > 0 and args[index - 1] in ("-k", "-m", "-p")):
+        if arg.startswith("-") or (index > 0 and args[index - 1] in VALUE_OPTIONS):
             continue
         if (REPO / arg.split("::")[0]).exists() or Path(arg.split("::")[0]).exists():
             return True

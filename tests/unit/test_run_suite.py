@@ -10,6 +10,7 @@ def test_options_alone_split_the_suite_and_named_tests_do_not() -> None:
     assert not names_tests([])
     assert not names_tests(["-p", "no:cacheprovider", "--durations=40", "-k", "planner"])
     assert not names_tests(["-k", "tests", "-m", "slow", "-x"])  # option values, not paths
+    assert not names_tests(["--ignore", "tests/unit", "--deselect", f"{BESIDE}::test_x"])
     assert names_tests(["tests/unit"])
     assert names_tests(["-x", "tests/unit/test_config.py::test_bad_flags"])
     assert names_tests([BESIDE])
