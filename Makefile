@@ -3,8 +3,7 @@ SHELL := /bin/bash
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
-# pytest-xdist workers, a test file each at a time (0: one process, in order); `make
-# test` runs the container test beside them (tests/run.py).
+# pytest-xdist workers, a test file each at a time (0: one process, in order).
 TEST_WORKERS ?= 2
 PYTEST := $(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 DEMO_ARGS ?=
@@ -16,7 +15,7 @@ install:
 
 # The whole suite: lint, unit tests, integration tests (real horovodrun processes).
 test: install lint
-	@TEST_WORKERS=$(TEST_WORKERS) $(PY) -m tests.run $(PYTEST_ARGS)
+	@$(PYTEST) $(PYTEST_ARGS)
 
 test-unit: install
 	@$(PYTEST) tests/unit $(PYTEST_ARGS)
