@@ -26,6 +26,7 @@ SLOW_FILES = (
     "test_hybrid_main.py",
     "test_docs_commands.py",
     "test_incremental.py",
+    "test_demo.py",
 )
 
 

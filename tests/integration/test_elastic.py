@@ -26,8 +26,10 @@ from tests.integration.test_hybrid_main import FLAGS as HYBRID_MAIN_FLAGS
 
 HOSTS = ("node1", "node2", "node3")
 CARDINALITIES = (50, 200, 1000, 30, 5000, 7)
-# Six checkpoints: a failure after the first or second, a return at a later one.
-STEPS, EVERY, BATCH = 120, 20, 768  # the batch divides by 3 and 2 ranks
+# 12 checkpoints: a failure after the first or second, and (for the host that comes
+# back) enough checkpoints left for horovodrun to list it again before the end. With
+# 120 steps the 2-rank world once finished (100 steps in 4.6 s) before node3 was back.
+STEPS, EVERY, BATCH = 240, 20, 768  # the batch divides by 3 and 2 ranks
 # The N-rank tests' model (tables 2 and 4 model-parallel, resharded per world); the
 # flags given later win.
 FLAGS = [
@@ -103,7 +105,7 @@ def weights(checkpoint: Checkpoint) -> dict[str, np.ndarray]:
 def assert_same_weights(actual: Checkpoint, three: Checkpoint, two: Checkpoint) -> None:
     """`actual` within the N-rank = 1-rank invariant of the uninterrupted 3-rank run:
     no farther from it, tensor by tensor, than a few times the 2-rank run is. Over
-    240 steps, the sums' order (a 3-rank step against a 2-rank one) moved a weight by
+    240 steps, the sums' order (a 3-rank step against a 2-rank one) moves a weight by
     up to 1e-4; one step more or less moves it by far more."""
     assert actual.step == three.step == two.step == STEPS
     expected, other = weights(three), weights(two)
