@@ -16,11 +16,13 @@ checkout. Installing (`make install`, `pip install`) is never marked, so this te
 not install again: it uses the installed project. Blocks that need what a test machine
 lacks (the Criteo 1TB data, a Slurm cluster, a GPU, a container engine) stay unmarked.
 
-The tests assert on what the commands leave behind: the README's quick start (a click
-log, Spark preprocessing, 2-rank training, evaluation, export, scoring with the
-SavedModel) must leave a checkpoint, a SavedModel and an AUC above chance and print
-scores that are probabilities; the dataset-of-your-own walkthrough must write datasets
-that load with the ids the page says.
+The tests assert on what the commands leave behind: the dataset-of-your-own
+walkthrough must write datasets that load with the ids the page says; the README's
+quick start (a click log, Spark preprocessing, 2-rank training, evaluation, export,
+scoring with the SavedModel) must leave a checkpoint, a SavedModel and an AUC above
+chance and print scores that are probabilities. The quick start runs with the
+project's wheel installed into a new venv (`test_wheel_install.py`), the way a user
+who ran `pip install` meets it, rather than twice.
 """
 
 from __future__ import annotations
@@ -88,8 +90,10 @@ def marked_blocks(document: Path) -> list[Block]:
     return blocks
 
 
-def script_of(blocks: list[Block], document: str) -> str:
-    """One bash script that runs `blocks` in order."""
+def script_of(blocks: list[Block], document: str, python_stderr: Path | None = None) -> str:
+    """One bash script that runs `blocks` in order; with `python_stderr`, the python
+    blocks' stderr is appended to that file instead of the script's."""
+    redirect = f" 2>>{python_stderr}" if python_stderr is not None else ""
     parts = ["set -euo pipefail"]
     for block in blocks:
         parts.append(f"# --- {document}:{block.line}")
@@ -99,20 +103,28 @@ def script_of(blocks: list[Block], document: str) -> str:
                 f"cat > {block.path} <<'DOCS_FILE_END'\n{block.text}\nDOCS_FILE_END"
             )
         elif block.language == "python":
-            parts.append(f"python - <<'DOCS_PYTHON_END'\n{block.text}\nDOCS_PYTHON_END")
+            parts.append(f"python -{redirect} <<'DOCS_PYTHON_END'\n{block.text}\nDOCS_PYTHON_END")
         else:
             parts.append(block.text)
     return "\n".join(parts) + "\n"
 
 
-def run_document(document: Path, workdir: Path, timeout: float) -> str:
-    """Runs the marked blocks of `document` in `workdir`; returns their stdout."""
+def run_document(
+    document: Path,
+    workdir: Path,
+    timeout: float,
+    bin_dir: Path = Path(sys.executable).parent,
+    python_stderr: Path | None = None,
+) -> subprocess.CompletedProcess[str]:
+    """Runs the marked blocks of `document` in `workdir` with `bin_dir` (a venv's
+    commands) first on PATH, no PYTHONPATH and TensorFlow's logging left at the
+    product's default, as a user's shell has them; fails the test if they fail."""
     blocks = marked_blocks(document)
     assert blocks, f"{document}: no marked blocks"
     script = workdir / f"{document.stem}.sh"
-    script.write_text(script_of(blocks, document.name))
-    env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
-    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    script.write_text(script_of(blocks, document.name, python_stderr))
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "TF_CPP_MIN_LOG_LEVEL")}
+    env["PATH"] = f"{bin_dir}{os.pathsep}{env.get('PATH', '')}"
     result = subprocess.run(
         ["bash", str(script)],
         cwd=workdir,
@@ -126,7 +138,7 @@ def run_document(document: Path, workdir: Path, timeout: float) -> str:
         f"{document.name}'s commands failed (exit {result.returncode}); script {script}\n"
         f"--- stdout\n{result.stdout[-4000:]}\n--- stderr\n{result.stderr[-4000:]}"
     )
-    return result.stdout
+    return result
 
 
 def records(log: Path, event: str) -> list[dict]:
@@ -134,15 +146,22 @@ def records(log: Path, event: str) -> list[dict]:
     return [r for r in map(json.loads, filter(None, lines)) if r["event"] == event]
 
 
-def test_the_readme_quick_start_runs_end_to_end(tmp_path: Path) -> None:
+def run_readme_quick_start(
+    workdir: Path, bin_dir: Path, python_stderr: Path
+) -> subprocess.CompletedProcess[str]:
+    """The README's marked blocks run in `workdir` with the commands of `bin_dir`,
+    checked for what they must leave behind (a checkpoint, a SavedModel and an AUC
+    above chance) and print (scores that are probabilities). `test_wheel_install.py`
+    runs them with the project's wheel installed into a new venv, as a user who ran
+    `pip install` would."""
     blocks = marked_blocks(REPO / "README.md")
     commands = "\n".join(block.text for block in blocks)
     for command in ("dlrm-synthetic clicklog", "dlrm-preprocess", "horovodrun", "--mode eval"):
         assert command in commands, f"the README's marked blocks no longer run {command!r}"
 
-    stdout = run_document(REPO / "README.md", tmp_path, timeout=1200)
+    result = run_document(REPO / "README.md", workdir, 1200, bin_dir, python_stderr)
 
-    quick = tmp_path / "quickstart"
+    quick = workdir / "quickstart"
     assert (quick / "data" / "feature_spec.yaml").is_file()
     train_summary = records(quick / "run" / "metrics.jsonl", "summary")[-1]
     assert train_summary["world_size"] == 2
@@ -153,16 +172,18 @@ def test_the_readme_quick_start_runs_end_to_end(tmp_path: Path) -> None:
     assert (quick / "run" / "sharding_plan.json").is_file()
     eval_summary = records(quick / "eval.jsonl", "summary")[-1]
     assert eval_summary["mode"] == "eval"
+    # One process scores the checkpoint the 2 ranks wrote as they did.
     assert eval_summary["auc"] == pytest.approx(train_summary["auc"], abs=1e-4)
     assert (quick / "saved_model" / "saved_model.pb").is_file()
-    scores = [float(s) for s in re.findall(r"score (\S+)", stdout)]
-    assert len(scores) == 5, stdout
+    scores = [float(s) for s in re.findall(r"score (\S+)", result.stdout)]
+    assert len(scores) == 5, result.stdout
     assert all(0.0 <= score <= 1.0 for score in scores), scores
     assert len(set(scores)) > 1, f"every row got the same score: {scores}"
+    return result
 
 
 def test_the_byo_walkthrough_runs_and_writes_what_it_says(tmp_path: Path) -> None:
-    stdout = run_document(REPO / "docs" / "byo_dataset.md", tmp_path, timeout=1200)
+    stdout = run_document(REPO / "docs" / "byo_dataset.md", tmp_path, timeout=1200).stdout
 
     ads = FeatureSpec.load(tmp_path / "data", required_mappings=("train", "test"))
     assert ads.cardinalities == (3, 4, 3, 24)
@@ -242,7 +263,7 @@ def test_marked_blocks_become_one_script_in_document_order(tmp_path: Path) -> No
     ]
     work = tmp_path / "work"
     work.mkdir()
-    assert run_document(page, work, timeout=60).split() == ["hello", "HELLO"]
+    assert run_document(page, work, timeout=60).stdout.split() == ["hello", "HELLO"]
 
     page.write_text("<!-- runnable -->\n\n```bash\ntrue\n```\n")
     with pytest.raises(ValueError, match="right before a fenced block"):
