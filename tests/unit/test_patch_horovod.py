@@ -1,4 +1,4 @@
-"""packaging/patch_horovod.py on small synthetic copies of the four Horovod 0.28.1 sources
+"""packaging/patch_horovod.py on small synthetic copies of the five Horovod 0.28.1 sources
 it patches (the lines it looks for, copied from the sdist): every fix applied, a second
 run a no-op, and a loud failure, with nothing written, when an expected pattern is
 missing (another Horovod version)."""
@@ -86,6 +86,15 @@ if __name__ == '__main__':
     run_commandline()
 """
 
+SETUP_SOURCE = """\
+    def build_extensions(self):
+        cmake_bin = get_cmake_bin()
+
+        config = 'Debug' if self.debug or CONFIG
+
+        ext_name = self.extensions[0].name
+""".replace("CONFIG", """os.environ.get('HOROVOD_DEBUG') == "1" else 'RelWithDebInfo'""")
+
 HANDLE = "static_cast<GpuStreamHandle>(device_context->stream()->platform_specific_handle().stream)"
 
 
@@ -95,6 +104,7 @@ def make_tree(
     mpi_ops: str = MPI_OPS_SOURCE,
     util: str = UTIL_SOURCE,
     launch: str = LAUNCH_SOURCE,
+    setup: str = SETUP_SOURCE,
 ) -> Path:
     directory = root / "horovod" / "tensorflow"
     directory.mkdir(parents=True)
@@ -104,6 +114,7 @@ def make_tree(
     (root / "horovod" / "common" / "util.py").write_text(util)
     (root / "horovod" / "runner").mkdir()
     (root / "horovod" / "runner" / "launch.py").write_text(launch)
+    (root / "setup.py").write_text(setup)
     return root
 
 
@@ -170,6 +181,7 @@ def test_second_run_changes_nothing(tmp_path: Path) -> None:
         f"{tree / patch_horovod.STREAM_FILE}: already patched",
         f"{tree / patch_horovod.MUTE_FILE}: already patched",
         f"{tree / patch_horovod.LAUNCH_FILE}: already patched",
+        f"{tree / patch_horovod.SETUP_FILE}: already patched",
     ]
 
 
@@ -182,6 +194,7 @@ def test_command_line_prints_what_it_patched(tmp_path: Path) -> None:
     assert "mpi_ops.cc: patched (3 AsGpuStreamValue calls" in run.stdout
     assert "util.py: patched (extension check muted)" in run.stdout
     assert "launch.py: patched (failed ranks in one line)" in run.stdout
+    assert "setup.py: patched (Release build, no debug info)" in run.stdout
 
 
 @pytest.mark.parametrize(
@@ -293,3 +306,22 @@ def test_fails_loudly_when_the_launcher_changed(tmp_path: Path) -> None:
     with pytest.raises(SystemExit, match="expected exactly one call of _run"):
         patch_horovod.patch(tree)
     assert (tree / patch_horovod.LAUNCH_FILE).read_text() == launch
+
+
+def test_builds_release_without_debug_info(tmp_path: Path) -> None:
+    tree = make_tree(tmp_path)
+    patch_horovod.patch(tree)
+    setup = (tree / patch_horovod.SETUP_FILE).read_text()
+    assert "RelWithDebInfo" not in setup
+    assert """os.environ.get('HOROVOD_DEBUG') == "1" else 'Release'""" in setup
+    # Debug builds on request stay as they were.
+    assert "config = 'Debug' if self.debug or" in setup
+
+
+def test_fails_loudly_when_the_build_configuration_changed(tmp_path: Path) -> None:
+    setup = SETUP_SOURCE.replace("'RelWithDebInfo'", "'Release'")
+    tree = make_tree(tmp_path, setup=setup)
+    with pytest.raises(SystemExit, match="expected exactly one RelWithDebInfo"):
+        patch_horovod.patch(tree)
+    assert read(tree) == (XLA_SOURCE, MPI_OPS_SOURCE)  # nothing written
+    assert (tree / patch_horovod.SETUP_FILE).read_text() == setup
