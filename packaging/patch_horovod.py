@@ -1,8 +1,9 @@
 """Patches a Horovod 0.28.1 source tree so that it builds against TensorFlow 2.21.
 
-Why, one fix per file (the first two are needed by the GPU build,
-HOROVOD_GPU_OPERATIONS=NCCL; the CPU build needs the first; the next two are for
-every build's launcher, `horovodrun`; the last makes every build faster):
+Why, one fix each (the first two are needed by the GPU build,
+HOROVOD_GPU_OPERATIONS=NCCL; the CPU build needs the first; the third, fourth and
+sixth are for every build's launcher, `horovodrun`; the fifth makes every build
+faster):
 
 1. `horovod/tensorflow/xla_mpi_ops.cc` includes TensorFlow's XLA headers under
    `tensorflow/compiler/xla/...` (e.g. `client/xla_builder.h`) whenever
@@ -31,6 +32,15 @@ every build's launcher, `horovodrun`; the last makes every build faster):
    CMakeLists turns into `-O3 -g`: the same optimised code plus debug information for
    every TensorFlow header it includes, which slows the compile and makes the library
    several times larger. The patch builds `Release` (`-O3`, no `-g`).
+6. `horovod/common/util.py` again: at every launch `horovodrun` asks whether Horovod
+   was built with Gloo (or MPI) by importing an extension, `horovod.tensorflow`, in a
+   forked child, and so imports TensorFlow's Python package there: 4-5 s on 2 cores
+   before any rank starts. The patch asks the extension's native library instead,
+   loaded with ctypes after TensorFlow's two shared libraries that it links
+   (`libtensorflow_framework.so.2`, `libtensorflow_cc.so.2`, from the installed
+   package's directory, which is found without importing it): about 1 s. Any failure
+   on that way falls back to the import; the other checks (`--check-build`'s
+   "available", GPU presence) import as before.
 
 Every patch checks that the code it expects is there and fails loudly otherwise, so a
 different Horovod version is not silently mis-patched. It is idempotent: running it on
@@ -76,6 +86,35 @@ SETUP_ORIGINAL = "os.environ.get('HOROVOD_DEBUG') == \"1\" else 'RelWithDebInfo'
 SETUP_PATCHED = (
     "os.environ.get('HOROVOD_DEBUG') == \"1\" else 'Release'  # patched: no debug info\n"
 )
+LIBRARY_ORIGINAL = "            ext = importlib.import_module('.' + ext_base_name, 'horovod')\n"
+LIBRARY_PATCHED = (
+    "            # patched: TensorFlow's extension asked through its library, not its import\n"
+    "            ext = (_library_of(ext_base_name, fn_desc)\n"
+    "                   or importlib.import_module('.' + ext_base_name, 'horovod'))\n"
+)
+LIBRARY_CHECK_ORIGINAL = "def _check_extension_lambda(ext_base_name, fn, fn_desc, verbose):\n"
+LIBRARY_HELPER = """def _library_of(ext_base_name, fn_desc):
+    \"\"\"patched: for what the TensorFlow extension was built with, its native library,
+    loaded without importing TensorFlow's Python package (4-5 s at every horovodrun
+    launch): first the two TensorFlow libraries it links, from the installed
+    package's directory. None (import the extension instead) for other checks, or
+    when it cannot be loaded this way.\"\"\"
+    if ext_base_name != 'tensorflow' or not fn_desc.startswith('built with'):
+        return None
+    try:
+        import ctypes
+        import importlib.util
+        from horovod.common.basics import HorovodBasics
+        tensorflow = importlib.util.find_spec('tensorflow')
+        directory = list(tensorflow.submodule_search_locations)[0]
+        for name in ('libtensorflow_framework.so.2', 'libtensorflow_cc.so.2'):
+            ctypes.CDLL(os.path.join(directory, name), mode=ctypes.RTLD_GLOBAL)
+        return HorovodBasics(importlib.util.find_spec('horovod.tensorflow').origin, 'mpi_lib')
+    except Exception:
+        return None
+
+
+"""
 # An argument usable as the left operand of `->` without parentheses.
 _POSTFIX_EXPRESSION = re.compile(r"[A-Za-z_][\w:]*(?:(?:->|\.)[A-Za-z_]\w*(?:\(\))?)*")
 
@@ -151,6 +190,18 @@ def patch_setup(text: str, path: Path) -> tuple[str, str]:
     return text.replace(SETUP_ORIGINAL, SETUP_PATCHED), "patched (Release build, no debug info)"
 
 
+def patch_library_check(text: str, path: Path) -> tuple[str, str]:
+    """common/util.py: what the TensorFlow extension was built with is asked of its
+    library, without importing TensorFlow."""
+    if LIBRARY_PATCHED in text and LIBRARY_HELPER in text:
+        return text, "already patched"
+    if text.count(LIBRARY_ORIGINAL) != 1 or text.count(LIBRARY_CHECK_ORIGINAL) != 1:
+        raise _fail(path, "expected exactly one import of the extension to check")
+    text = text.replace(LIBRARY_ORIGINAL, LIBRARY_PATCHED)
+    text = text.replace(LIBRARY_CHECK_ORIGINAL, LIBRARY_HELPER + LIBRARY_CHECK_ORIGINAL)
+    return text, "patched (build checks ask the library)"
+
+
 def _call_end(text: str, start: int, path: Path) -> int:
     """Index just past the `)` closing the call whose `(` is at text[start - 1]."""
     depth = 1
@@ -198,23 +249,30 @@ def patch(source_dir: Path) -> str:
 
     All files are checked before any is written, so a failure leaves the tree untouched.
     """
-    results = []
+    texts: dict[Path, tuple[str, str]] = {}  # path: (original, patched so far)
+    done = []
     for relative, patch_text in [
         (XLA_FILE, patch_xla),
         (STREAM_FILE, patch_stream),
         (MUTE_FILE, patch_mute),
         (LAUNCH_FILE, patch_launch),
         (SETUP_FILE, patch_setup),
+        (MUTE_FILE, patch_library_check),
     ]:
         path = source_dir / relative
-        if not path.is_file():
-            raise _fail(path, "file not found")
-        original = path.read_text()
-        results.append((path, original, *patch_text(original, path)))
-    for path, original, text, _ in results:
+        if path not in texts:
+            if not path.is_file():
+                raise _fail(path, "file not found")
+            original = path.read_text()
+            texts[path] = (original, original)
+        original, text = texts[path]
+        text, what = patch_text(text, path)
+        texts[path] = (original, text)
+        done.append(f"{path}: {what}")
+    for path, (original, text) in texts.items():
         if text != original:
             path.write_text(text)
-    return "\n".join(f"{path}: {done}" for path, _, _, done in results)
+    return "\n".join(done)
 
 
 if __name__ == "__main__":

@@ -24,6 +24,22 @@ def test_check_build_lists_tensorflow_and_gloo() -> None:
     assert "[X] Gloo" in result.stdout
 
 
+def test_the_launcher_checks_the_build_without_importing_tensorflow() -> None:
+    """At every launch horovodrun asks whether Horovod has Gloo (or MPI). Patched
+    (packaging/patch_horovod.py, patch 6), the TensorFlow extension's library answers,
+    loaded without TensorFlow's Python package; Horovod's own check gives the same."""
+    program = (
+        "import sys\n"
+        "from horovod.common import util\n"
+        "library = util._library_of('tensorflow', 'built with Gloo')\n"
+        "print(library.gloo_built(), 'tensorflow' in sys.modules)\n"
+        "print(util.gloo_built(), util.mpi_built() == library.mpi_built())\n"
+    )
+    result = run([sys.executable, "-c", program], timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.split() == ["True", "False", "True", "True"], result.stdout
+
+
 def test_two_gloo_ranks_read_their_shards(tmp_path: Path) -> None:
     dataset = tmp_path / "data"
     generate_split_binary(dataset, (23, 7, 300, 11, 5), 3, rows={"train": 500}, seed=4)

@@ -59,6 +59,7 @@ void Wait() {
 """.replace("ZERO_CALL", "stream_executor::gpu::AsGpuStreamValue(device_context->stream())")
 
 UTIL_SOURCE = """\
+def _check_extension_lambda(ext_base_name, fn, fn_desc, verbose):
     def _target_fn(ext_base_name, fn, fn_desc, queue, verbose):
         if verbose:
             print('Checking whether extension {ext_base_name} was {fn_desc}.'.format(
@@ -69,6 +70,10 @@ UTIL_SOURCE = """\
             sys.stderr = open(os.devnull, 'w')
 
         try:
+            ext = importlib.import_module('.' + ext_base_name, 'horovod')
+            result = fn(ext)
+        except:
+            result = None
 """
 
 LAUNCH_SOURCE = """\
@@ -153,11 +158,13 @@ def test_mutes_the_descriptors_of_the_extension_check(tmp_path: Path) -> None:
         "            os.dup2(sys.stdout.fileno(), 1)",
         "            os.dup2(sys.stderr.fileno(), 2)",
     ]
-    assert util.replace(patch_horovod.MUTE_PATCHED, patch_horovod.MUTE_ORIGINAL) == UTIL_SOURCE
-    # The patched lines are valid Python at that indentation.
-    compile(
-        "def f():\n    if 1:\n        pass\n    else:\n" + patch_horovod.MUTE_PATCHED, "u", "exec"
+    unpatched = (
+        util.replace(patch_horovod.MUTE_PATCHED, patch_horovod.MUTE_ORIGINAL)
+        .replace(patch_horovod.LIBRARY_PATCHED, patch_horovod.LIBRARY_ORIGINAL)
+        .replace(patch_horovod.LIBRARY_HELPER, "")
     )
+    assert unpatched == UTIL_SOURCE
+    compile(util, "util.py", "exec")  # both patches are valid Python where they go
 
 
 def test_wraps_a_non_postfix_argument_in_parentheses(tmp_path: Path) -> None:
@@ -182,6 +189,7 @@ def test_second_run_changes_nothing(tmp_path: Path) -> None:
         f"{tree / patch_horovod.MUTE_FILE}: already patched",
         f"{tree / patch_horovod.LAUNCH_FILE}: already patched",
         f"{tree / patch_horovod.SETUP_FILE}: already patched",
+        f"{tree / patch_horovod.MUTE_FILE}: already patched",
     ]
 
 
@@ -195,6 +203,7 @@ def test_command_line_prints_what_it_patched(tmp_path: Path) -> None:
     assert "util.py: patched (extension check muted)" in run.stdout
     assert "launch.py: patched (failed ranks in one line)" in run.stdout
     assert "setup.py: patched (Release build, no debug info)" in run.stdout
+    assert "util.py: patched (build checks ask the library)" in run.stdout
 
 
 @pytest.mark.parametrize(
@@ -325,3 +334,30 @@ def test_fails_loudly_when_the_build_configuration_changed(tmp_path: Path) -> No
         patch_horovod.patch(tree)
     assert read(tree) == (XLA_SOURCE, MPI_OPS_SOURCE)  # nothing written
     assert (tree / patch_horovod.SETUP_FILE).read_text() == setup
+
+
+def test_build_checks_ask_the_library_before_importing(tmp_path: Path) -> None:
+    tree = make_tree(tmp_path)
+    patch_horovod.patch(tree)
+    util = (tree / patch_horovod.MUTE_FILE).read_text()
+    # Both util.py patches, each once: the muted descriptors and the library check.
+    assert util.count("os.dup2(") == 2 and util.count("def _library_of(") == 1
+    assert util.index("def _library_of(") < util.index("def _check_extension_lambda(")
+    assert "ext = (_library_of(ext_base_name, fn_desc)\n" in util
+    assert "or importlib.import_module('.' + ext_base_name, 'horovod'))" in util
+    # What the helper answers (the library itself is asked in test_horovod_runtime.py):
+    # nothing but the TensorFlow extension's "built with" checks.
+    namespace: dict = {"os": __import__("os")}
+    start = util.index("def _library_of(")
+    exec(util[start : util.index("def _check_extension_lambda(")], namespace)
+    assert namespace["_library_of"]("torch", "built with Gloo") is None
+    assert namespace["_library_of"]("tensorflow", "built") is None
+    assert namespace["_library_of"]("tensorflow", "running with GPU") is None
+
+
+def test_fails_loudly_when_the_extension_import_changed(tmp_path: Path) -> None:
+    util = UTIL_SOURCE.replace("importlib.import_module(", "importlib.__import__(")
+    tree = make_tree(tmp_path, util=util)
+    with pytest.raises(SystemExit, match="expected exactly one import of the extension"):
+        patch_horovod.patch(tree)
+    assert (tree / patch_horovod.MUTE_FILE).read_text() == util  # neither util.py patch
