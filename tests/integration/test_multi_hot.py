@@ -104,9 +104,30 @@ def table_values(checkpoint: Checkpoint, slot: str | None = None) -> list[np.nda
     ]
 
 
+# What the 2-rank runs of both input modes are compared with, run once.
+PLACEMENT_FLAGS = [
+    "--pooling=sum,mean,mean,sum,mean,sum,mean,sum",
+    "--max_steps=25",
+    "--evals_per_epoch=0",
+]
+
+
+@pytest.fixture(scope="module")
+def one_process(dataset: Path, tmp_path_factory: pytest.TempPathFactory) -> Checkpoint:
+    one = tmp_path_factory.mktemp("one_process") / "run"
+    code, output = main_py(
+        1,
+        f"--dataset_path={dataset}",
+        *PLACEMENT_FLAGS,
+        f"--save_checkpoint_path={one}",
+    )
+    assert code == 0, output
+    return Checkpoint(one)
+
+
 @pytest.mark.parametrize("input_mode", ["model_parallel", "data_parallel"])
 def test_two_ranks_train_variable_length_tables_like_one(
-    dataset: Path, tmp_path: Path, input_mode: str
+    dataset: Path, one_process: Checkpoint, tmp_path: Path, input_mode: str
 ) -> None:
     """Per-table pooling and a plan that places the variable-length tables each
     another way (table 1 whole on rank 1, table 2 column-wise, table 4
@@ -125,24 +146,17 @@ def test_two_ranks_train_variable_length_tables_like_one(
         global_batch_size=1024,
     )
     plan_path = plan.save(tmp_path / "plan.json")
-    common = [
-        f"--dataset_path={dataset}",
-        "--pooling=sum,mean,mean,sum,mean,sum,mean,sum",
-        "--max_steps=25",
-        "--evals_per_epoch=0",
-    ]
-    one, two = tmp_path / "one", tmp_path / "two"
-    code, output = main_py(1, *common, f"--save_checkpoint_path={one}")
-    assert code == 0, output
+    two = tmp_path / "two"
     code, output = main_py(
         2,
-        *common,
+        f"--dataset_path={dataset}",
+        *PLACEMENT_FLAGS,
         f"--save_checkpoint_path={two}",
         f"--input_mode={input_mode}",
         f"--sharding_plan={plan_path}",
     )
     assert code == 0, output
-    a, b = Checkpoint(one), Checkpoint(two)
+    a, b = one_process, Checkpoint(two)
     for name, value in a.dense().items():
         np.testing.assert_allclose(b.dense()[name], value, rtol=2e-5, atol=1e-6, err_msg=name)
     for slot in (None, "m", "v"):
