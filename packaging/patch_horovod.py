@@ -163,31 +163,52 @@ LAUNCH_PATCHED = """    if args.log_level:
 """
 
 
+def _replace_once(
+    text: str, path: Path, original: str, patched: str, expected: str, done: str
+) -> tuple[str, str]:
+    """`original`, which must occur once in `text`, replaced by `patched`: (new text,
+    `done`); the text as it is when already patched; else PatchError naming `expected`."""
+    if patched in text:
+        return text, "already patched"
+    if text.count(original) != 1:
+        raise _fail(path, f"expected exactly one {expected}")
+    return text.replace(original, patched), done
+
+
 def patch_launch(text: str, path: Path) -> tuple[str, str]:
     """runner/launch.py: a rank's non-zero exit ends horovodrun without a traceback."""
-    if LAUNCH_PATCHED in text:
-        return text, "already patched"
-    if text.count(LAUNCH_ORIGINAL) != 1:
-        raise _fail(path, "expected exactly one call of _run(args) in run_commandline")
-    return text.replace(LAUNCH_ORIGINAL, LAUNCH_PATCHED), "patched (failed ranks in one line)"
+    return _replace_once(
+        text,
+        path,
+        LAUNCH_ORIGINAL,
+        LAUNCH_PATCHED,
+        "call of _run(args) in run_commandline",
+        "patched (failed ranks in one line)",
+    )
 
 
 def patch_mute(text: str, path: Path) -> tuple[str, str]:
     """common/util.py: the extension check's child mutes descriptors 1 and 2 too."""
-    if MUTE_PATCHED in text:
-        return text, "already patched"
-    if text.count(MUTE_ORIGINAL) != 1:
-        raise _fail(path, "expected exactly one place that mutes the extension check's output")
-    return text.replace(MUTE_ORIGINAL, MUTE_PATCHED), "patched (extension check muted)"
+    return _replace_once(
+        text,
+        path,
+        MUTE_ORIGINAL,
+        MUTE_PATCHED,
+        "place that mutes the extension check's output",
+        "patched (extension check muted)",
+    )
 
 
 def patch_setup(text: str, path: Path) -> tuple[str, str]:
     """setup.py: the native library is built as Release, without debug information."""
-    if SETUP_PATCHED in text:
-        return text, "already patched"
-    if text.count(SETUP_ORIGINAL) != 1:
-        raise _fail(path, "expected exactly one RelWithDebInfo build configuration")
-    return text.replace(SETUP_ORIGINAL, SETUP_PATCHED), "patched (Release build, no debug info)"
+    return _replace_once(
+        text,
+        path,
+        SETUP_ORIGINAL,
+        SETUP_PATCHED,
+        "RelWithDebInfo build configuration",
+        "patched (Release build, no debug info)",
+    )
 
 
 def patch_library_check(text: str, path: Path) -> tuple[str, str]:
