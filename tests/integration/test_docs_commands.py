@@ -172,8 +172,9 @@ def run_readme_quick_start(
     assert (quick / "run" / "sharding_plan.json").is_file()
     eval_summary = records(quick / "eval.jsonl", "summary")[-1]
     assert eval_summary["mode"] == "eval"
-    # One process scores the checkpoint the 2 ranks wrote as they did.
-    assert eval_summary["auc"] == pytest.approx(train_summary["auc"], abs=1e-4)
+    # One process scores the checkpoint the 2 ranks wrote as they did (exact AUC: a
+    # pair of near-tied scores ordered the other way moves it by about 1e-9).
+    assert eval_summary["auc"] == pytest.approx(train_summary["auc"], abs=1e-6)
     assert (quick / "saved_model" / "saved_model.pb").is_file()
     scores = [float(s) for s in re.findall(r"score (\S+)", result.stdout)]
     assert len(scores) == 5, result.stdout
