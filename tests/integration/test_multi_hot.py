@@ -104,7 +104,7 @@ def table_values(checkpoint: Checkpoint, slot: str | None = None) -> list[np.nda
     ]
 
 
-# What the 2-rank runs of both input modes are compared with, run once.
+# The placement test's flags, for the one-process reference and the 2-rank runs.
 PLACEMENT_FLAGS = [
     "--pooling=sum,mean,mean,sum,mean,sum,mean,sum",
     "--max_steps=25",
@@ -114,6 +114,7 @@ PLACEMENT_FLAGS = [
 
 @pytest.fixture(scope="module")
 def one_process(dataset: Path, tmp_path_factory: pytest.TempPathFactory) -> Checkpoint:
+    """What the 2-rank runs of both input modes are compared with, run once."""
     one = tmp_path_factory.mktemp("one_process") / "run"
     code, output = main_py(
         1,

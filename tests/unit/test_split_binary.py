@@ -13,6 +13,7 @@ from dataloading.errors import DatasetError
 from dataloading.split_binary import InputMode, LastBatch, ShardSpec, SplitBinaryDataset
 from dataloading.synthetic import generate_split_binary
 from feature_spec import FeatureSpec
+from feature_spec.staged import write_file_atomically
 
 # Odd sizes so that shape and offset bugs surface.
 CARDINALITIES = (23, 7, 300, 40000, 11)
@@ -174,7 +175,7 @@ def test_int64_stored_ids_come_as_int64_for_every_table(tmp_path: Path, hotness:
     spec = FeatureSpec.load(tmp_path / "d")
     wide = copy_dataset(tmp_path / "d", tmp_path / "wide")
     path = wide.files("train").categorical["cat_2"]
-    replace_file(path, np.fromfile(path, np.int16).astype(np.int64))
+    write_file_atomically(path, np.fromfile(path, np.int16).astype(np.int64).tobytes())
     text = (tmp_path / "wide" / "feature_spec.yaml").read_text()
     text = text.replace("  cat_2:\n    dtype: int16\n", "  cat_2:\n    dtype: int64\n")
     (tmp_path / "wide" / "feature_spec.yaml").write_text(text)
@@ -203,14 +204,10 @@ def copy_dataset(source: Path, target: Path) -> FeatureSpec:
     return FeatureSpec.load(target)
 
 
-def replace_file(path: Path, data: bytes | np.ndarray) -> None:
-    """Writes `data` as a new file at `path`, never in place: a dataset read
-    before may still have `path` memory-mapped (tf.data's prefetch goes on
-    reading after an error), and a mapped file cut short under a reader is a
-    bus error that kills the test process."""
-    staged = path.with_name(path.name + ".new")
-    staged.write_bytes(data if isinstance(data, bytes) else data.tobytes())
-    staged.replace(path)
+# Tests change a dataset's files with write_file_atomically (a new file renamed into
+# place), never in place: a dataset read before may still have the file memory-mapped
+# (tf.data's prefetch goes on reading after an error), and a mapped file cut short
+# under a reader is a bus error that kills the test process.
 
 
 def test_file_not_whole_rows(dataset_dir: Path, tmp_path: Path) -> None:
@@ -229,7 +226,7 @@ def test_file_not_whole_rows(dataset_dir: Path, tmp_path: Path) -> None:
 def test_row_counts_differ(dataset_dir: Path, tmp_path: Path) -> None:
     spec = copy_dataset(dataset_dir, tmp_path / "d")
     path = spec.files("train").categorical["cat_3"]  # int32 ids
-    replace_file(path, path.read_bytes()[: -4 * 3])
+    write_file_atomically(path, path.read_bytes()[: -4 * 3])
     with pytest.raises(DatasetError) as info:
         SplitBinaryDataset(spec, "train", ShardSpec(GLOBAL_BATCH))
     message = str(info.value)
@@ -246,7 +243,7 @@ def overwrite_id(spec: FeatureSpec, name: str, row: int, value: int) -> Path:
     path = spec.files("train").categorical[name]
     ids = np.fromfile(path, dtype=feature.dtype)
     ids[row * feature.hotness] = value
-    replace_file(path, ids)
+    write_file_atomically(path, ids.tobytes())
     return path
 
 
@@ -488,8 +485,8 @@ def test_variable_length_offsets_must_match_the_ids(variable_dir: Path, tmp_path
         message
     )
     # The last row missing: a row count that differs from the label's.
-    replace_file(ids_path, ids_path.read_bytes()[: 2 * int(offsets[-2])])
-    replace_file(offsets_path, offsets[:-1])
+    write_file_atomically(ids_path, ids_path.read_bytes()[: 2 * int(offsets[-2])])
+    write_file_atomically(offsets_path, offsets[:-1].tobytes())
     with pytest.raises(DatasetError, match=f"expected {VARIABLE_ROWS + 1} int64 offsets"):
         SplitBinaryDataset(spec, "train", ShardSpec(GLOBAL_BATCH))
 
@@ -503,7 +500,7 @@ def test_variable_length_decreasing_offsets_and_bad_ids_name_the_row(
     row = int(np.flatnonzero(np.diff(offsets) >= 2)[3])  # a row with 2+ ids
     values = np.fromfile(files.categorical["cat_0"], dtype=np.int8)
     values[offsets[row] + 1] = 23  # its second id: one past the table
-    replace_file(files.categorical["cat_0"], values)
+    write_file_atomically(files.categorical["cat_0"], values.tobytes())
     dataset = SplitBinaryDataset(spec, "train", ShardSpec(20))
     with pytest.raises(DatasetError) as info:
         list(dataset.batches())
@@ -515,7 +512,7 @@ def test_variable_length_decreasing_offsets_and_bad_ids_name_the_row(
     # Offsets that go back: a negative number of ids in a row.
     broken = offsets.copy()
     broken[row + 1] = broken[row] - 1
-    replace_file(files.offsets["cat_0"], broken)
+    write_file_atomically(files.offsets["cat_0"], broken.tobytes())
     for check_file_ids in (False, True):
         with pytest.raises(DatasetError) as info:
             list(
