@@ -3,9 +3,9 @@ one rank each: `horovodrun --gloo --host-discovery-script ... --min-np M` runs
 main.py, and node3 fails mid-epoch. The survivors continue from the newest
 checkpoint on 2 ranks, node3 joins again when the discovery script lists it after
 its cooldown, and the final weights and AUC equal those of a run that never
-failed (the N-rank = 1-rank invariant), its extra work exactly the rolled-back
-steps. With --min-np 3 the job ends instead, within a bound, naming the host and
-the checkpoint to continue from."""
+failed (the N-rank = 1-rank invariant; within a quarter of one step's update),
+its extra work exactly the rolled-back steps. With --min-np 3 the job ends
+instead, within a bound, naming the host and the checkpoint to continue from."""
 
 from __future__ import annotations
 
@@ -47,6 +47,11 @@ GROWING_GLOO_TIMEOUT_S = 60
 # From node3's failure to horovodrun's exit when fewer than --min-np ranks are left:
 # the Gloo timeout, --elastic-timeout (10 s below) and the processes' shutdown.
 MIN_NP_EXIT_LIMIT_S = 120
+# The final weights may differ from the uninterrupted run's by this much of what its
+# last step moved them (`assert_same_weights`); its AUC, by AUC_TOLERANCE: the last
+# steps move it by 2e-4 to 7e-4, the ReLU switch there by 6e-6.
+LAST_STEP_FRACTION = 0.25
+AUC_TOLERANCE = 5e-5
 
 
 @pytest.fixture(scope="module")
@@ -67,7 +72,7 @@ def elastic_job(
     return ElasticJob(cluster, directory, dataset, FLAGS, HOSTS, gloo_timeout_s)
 
 
-References = tuple[ElasticJob, ElasticJob]  # uninterrupted on 3 ranks, on 2
+References = tuple[ElasticJob, ElasticJob]  # 3 ranks to STEPS, 2 ranks to STEPS - 1
 
 
 def run_uninterrupted(job: ElasticJob, *hosts: str) -> ElasticJob:
@@ -82,12 +87,17 @@ def run_uninterrupted(job: ElasticJob, *hosts: str) -> ElasticJob:
 def uninterrupted(
     cluster: NetnsCluster, dataset: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> References:
-    """The same launch with no failure on 3 ranks throughout, and on 2: how far
-    apart the world size alone puts the results (the order of the ranks' sums)."""
+    """The same launch with no failure on 3 ranks throughout, and on 2 ranks one step
+    short: how far the last step moves each weight (the yardstick of
+    `assert_same_weights`)."""
     root = tmp_path_factory.mktemp("uninterrupted")
+    short = ElasticJob(
+        cluster, root / "two", dataset, [*FLAGS, f"--max_steps={STEPS - 1}"], HOSTS,
+        GLOO_TIMEOUT_S,
+    )  # fmt: skip
     return (
         run_uninterrupted(elastic_job(cluster, root / "three", dataset), *HOSTS),
-        run_uninterrupted(elastic_job(cluster, root / "two", dataset), "node1", "node2"),
+        run_uninterrupted(short, "node1", "node2"),
     )
 
 
@@ -102,20 +112,26 @@ def weights(checkpoint: Checkpoint) -> dict[str, np.ndarray]:
     return found
 
 
-def assert_same_weights(actual: Checkpoint, three: Checkpoint, two: Checkpoint) -> None:
-    """`actual` within the N-rank = 1-rank invariant of the uninterrupted 3-rank run:
-    no farther from it, tensor by tensor, than a few times the 2-rank run is. Over
-    240 steps, the sums' order (a 3-rank step against a 2-rank one) moves a weight by
-    up to 1e-4; one step more or less moves it by far more."""
-    assert actual.step == three.step == two.step == STEPS
-    expected, other = weights(three), weights(two)
+def assert_same_weights(actual: Checkpoint, expected: Checkpoint, step_before: Checkpoint) -> None:
+    """`actual` equals `expected` (the uninterrupted 3-rank run) to a quarter of one
+    step's update, tensor by tensor: `step_before` is a run one step short, so
+    |expected - step_before| is what the last step moved.
+
+    A step skipped, repeated or trained on other rows moves a weight by about a
+    step's update. The order of the ranks' sums (3 ranks against 2) moves it by
+    rounding, 1e-7, until a sample whose ReLU input lies within rounding of zero
+    has its gradient switched on or off: a jump of 1-2 % of a step (seen in CI and
+    in 1 of 13 runs here, at step 223 of this data: 2e-4 in a kernel whose last step
+    moved it by 1.2e-2)."""
+    assert actual.step == expected.step == STEPS and step_before.step == STEPS - 1
+    reference, before = weights(expected), weights(step_before)
     for name, value in weights(actual).items():
-        world_size_effect = float(np.linalg.norm(other[name] - expected[name]))
-        difference = float(np.linalg.norm(value - expected[name]))
-        allowed = 4 * world_size_effect + 1e-6 * float(np.linalg.norm(expected[name])) + 1e-6
+        last_step = float(np.linalg.norm(reference[name] - before[name]))
+        difference = float(np.linalg.norm(value - reference[name]))
+        allowed = LAST_STEP_FRACTION * last_step + 1e-6
         assert difference <= allowed, (
-            f"{name}: |elastic - 3 ranks| = {difference:.3g}, more than {allowed:.3g} "
-            f"(|2 ranks - 3 ranks| = {world_size_effect:.3g})"
+            f"{name}: |elastic - uninterrupted| = {difference:.3g}, more than {allowed:.3g} "
+            f"(the last step moved it by {last_step:.3g})"
         )
 
 
@@ -124,14 +140,13 @@ def assert_like_uninterrupted(
 ) -> None:
     """The job ended with the weights and AUC of the uninterrupted run, on the
     worlds named, and trained exactly the rolled-back steps more."""
-    three, two = uninterrupted
+    three, short = uninterrupted
     summary = job.records("summary")[-1]
     reference = three.records("summary")[-1]
     assert summary["elastic"]["worlds"] == worlds, job.output()
     assert summary["world_size"] == worlds[-1]
-    assert_same_weights(Checkpoint(job.run), Checkpoint(three.run), Checkpoint(two.run))
-    world_size_effect = abs(two.records("summary")[-1]["auc"] - reference["auc"])
-    assert abs(summary["auc"] - reference["auc"]) <= 4 * world_size_effect + 1e-5
+    assert_same_weights(Checkpoint(job.run), Checkpoint(three.run), Checkpoint(short.run))
+    assert abs(summary["auc"] - reference["auc"]) <= AUC_TOLERANCE, (summary, reference)
     resets = job.records("elastic_reset")
     lost = [r for r in resets if r["reason"] == "a rank was lost"]
     assert len(lost) == 1, resets
