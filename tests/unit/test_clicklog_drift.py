@@ -7,7 +7,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from sklearn.metrics import roc_auc_score
 
 from dataloading.criteo_tsv import (
     MAX_ID,
@@ -18,6 +17,7 @@ from dataloading.criteo_tsv import (
     generate_criteo_tsv,
     main,
 )
+from tests.unit.reference_metrics import reference_auc
 
 # Small tables, which a day of a few thousand rows covers, beside one it does not.
 CARDINALITIES = (23, 7, 300, 41) + (11,) * 22
@@ -211,7 +211,7 @@ def auc(model: list[dict[int, float]], day: Day) -> float:
     scores = np.zeros(len(day.labels))
     for t in range(NUM_CATEGORICAL):
         scores += [model[t].get(v, unknown) for v in day.values[t].tolist()]
-    return float(roc_auc_score(day.labels, scores))
+    return float(reference_auc(day.labels, scores))
 
 
 @pytest.mark.parametrize("drift", [0.0, 0.3])
