@@ -63,7 +63,7 @@ ENV WITH_DEV=${WITH_DEV} WITH_MPI=${WITH_MPI} TF_CPP_MIN_LOG_LEVEL=2
 WORKDIR /opt/dlrm
 
 # Only what install.sh reads, so that editing the code does not redo the install.
-COPY requirements.txt requirements-dev.txt constraints.txt pyproject.toml ./
+COPY requirements.txt requirements-dev.txt requirements-plot.txt constraints.txt pyproject.toml ./
 COPY packaging/ packaging/
 # install.sh apt-installs the compilers, headers, OpenMPI and Java it needs (as root),
 # creates .venv and installs the pinned packages and Horovod. docker/wheelhouse/ is

@@ -697,8 +697,23 @@ def save(results: dict[str, Any], path: Path) -> None:
     partial.replace(path)
 
 
+def plot_packages() -> Path:
+    """Where `make install` puts matplotlib (requirements-plot.txt): beside the venv's
+    packages, not among them, since Keras imports it with TensorFlow whenever it can."""
+    return Path(sys.prefix) / "plot-packages"
+
+
 def plot(results: dict[str, Any], path: Path) -> None:
-    import matplotlib
+    packages = str(plot_packages())
+    if packages not in sys.path:
+        sys.path.append(packages)  # after site-packages: numpy is the venv's
+    try:
+        import matplotlib
+    except ImportError as error:
+        raise SystemExit(
+            f"no matplotlib to draw {path} with: `make install` (WITH_DEV=1) puts it in "
+            f"{packages} ({error})"
+        ) from None
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

@@ -40,7 +40,8 @@ requirements=("$root/requirements.txt")
 # Of packaging/'s Python only the Horovod patch: the demo scripts change no install.
 fingerprint() {
     {
-        cat "${requirements[@]}" "$root/constraints.txt" "$root"/packaging/*.sh \
+        cat "${requirements[@]}" "$root/requirements-plot.txt" "$root/constraints.txt" \
+            "$root"/packaging/*.sh \
             "$root/packaging/patch_horovod.py" "$root/pyproject.toml"
         "$python" --version 2>&1
         gpu_present && echo gpu
@@ -162,6 +163,14 @@ if gpu_present; then
 fi
 log "pip install ${requirements[*]##*/}"
 "${pip[@]}" install --quiet "${reqs[@]}" -c "$root/constraints.txt"
+if [ "$with_dev" = 1 ]; then
+    # make bench's plotting library, beside the venv's packages and not among them:
+    # Keras imports matplotlib with TensorFlow whenever it can, 0.4 s more to start
+    # every process that imports TensorFlow. benchmarks/suite.py adds it to its path.
+    log "pip install requirements-plot.txt (into $venv/plot-packages)"
+    "${pip[@]}" install --quiet --no-deps --upgrade --target "$venv/plot-packages" \
+        -r "$root/requirements-plot.txt" -c "$root/constraints.txt"
+fi
 
 # --- Horovod ---------------------------------------------------------------------
 # Always through build_horovod.sh: it installs the wheel for the current TensorFlow,

@@ -3,7 +3,7 @@
 # or an image build that cannot reach a package index (an air-gapped cluster; the
 # container builds of CI, docs/docker.md). It holds
 #   - the pinned packages, requirements.txt and (unless WITH_DEV=0) requirements-dev.txt
-#     under constraints.txt, as wheels: downloaded where the index has one, built here
+#     and requirements-plot.txt under constraints.txt, as wheels: downloaded where the index has one, built here
 #     from the sdist where it has none (pyspark);
 #   - pip, setuptools and wheel at the versions of the venv (install.sh upgrades a new
 #     venv to them first, and setuptools builds the project);
@@ -44,7 +44,7 @@ fi
     exit 1; }
 
 files=(requirements.txt)
-[ "${WITH_DEV:-1}" = 1 ] && files+=(requirements-dev.txt)
+[ "${WITH_DEV:-1}" = 1 ] && files+=(requirements-dev.txt requirements-plot.txt)
 requirements=()
 for file in "${files[@]}"; do requirements+=(-r "$root/$file"); done
 # The versions install.sh put in the venv, so that the same step in a build finds them.

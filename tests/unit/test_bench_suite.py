@@ -11,7 +11,15 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.suite import alternated, cost_in_rows, fixed_cost, print_table, run_measured
+from benchmarks.suite import (
+    alternated,
+    cost_in_rows,
+    fixed_cost,
+    plot,
+    plot_packages,
+    print_table,
+    run_measured,
+)
 
 SUITE = Path(__file__).resolve().parents[2] / "benchmarks" / "suite.py"
 
@@ -227,3 +235,40 @@ def test_the_plain_loop_names_a_hotness_that_does_not_fit() -> None:
     )
     assert result.returncode == 2
     assert "--hotness: expected one count >= 1 per table (2), got [3]" in result.stderr
+
+
+def test_the_plot_is_drawn_with_matplotlib_from_beside_the_venv(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`make install` puts matplotlib in <venv>/plot-packages, where `plot` finds it,
+    and a process that imports TensorFlow does not load it (Keras would, from the
+    venv's packages: 0.4 s more to start), nor scikit-learn (1.2 s)."""
+    monkeypatch.setattr(sys, "path", list(sys.path))  # plot() appends to it
+    assert (plot_packages() / "matplotlib").is_dir()
+    rows = [
+        {
+            "variant": variant,
+            "ranks": 1,
+            "batch_size": batch,
+            "ours": {"samples_per_second": 1000.0 * batch**0.5},
+            "plain": {"samples_per_second": 600.0 * batch**0.5},
+        }
+        for variant in ("fp32", "amp")
+        for batch in (1024, 8192, 65536)
+    ]
+    path = tmp_path / "plot.png"
+    plot({"training": rows, "machine": "test"}, path)
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    loaded = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys, tensorflow; "
+            "print(sorted(m for m in ('matplotlib', 'sklearn') if m in sys.modules))",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    assert loaded.stdout.strip() == "[]", loaded.stdout

@@ -124,6 +124,7 @@ def test_training_image_installs_with_the_tested_script_before_the_code() -> Non
     for name in (
         "requirements.txt",
         "requirements-dev.txt",
+        "requirements-plot.txt",
         "constraints.txt",
         "pyproject.toml",
         "packaging/",
