@@ -3,8 +3,8 @@
 # or an image build that cannot reach a package index (an air-gapped cluster; the
 # container builds of CI, docs/docker.md). It holds
 #   - the pinned packages, requirements.txt and (unless WITH_DEV=0) requirements-dev.txt
-#     and requirements-plot.txt under constraints.txt, as wheels: downloaded where the index has one, built here
-#     from the sdist where it has none (pyspark);
+#     and requirements-plot.txt under constraints.txt, as wheels: downloaded where the
+#     index has one, built here from the sdist where it has none (pyspark);
 #   - pip, setuptools and wheel at the versions of the venv (install.sh upgrades a new
 #     venv to them first, and setuptools builds the project);
 #   - the Horovod wheel that `make install` built against that TensorFlow, or the one

@@ -67,9 +67,14 @@ def dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def elastic_job(
-    cluster: NetnsCluster, directory: Path, dataset: Path, gloo_timeout_s: int = GLOO_TIMEOUT_S
+    cluster: NetnsCluster,
+    directory: Path,
+    dataset: Path,
+    gloo_timeout_s: int = GLOO_TIMEOUT_S,
+    flags: tuple[str, ...] = (),
 ) -> ElasticJob:
-    return ElasticJob(cluster, directory, dataset, FLAGS, HOSTS, gloo_timeout_s)
+    """`FLAGS`, then `flags` (which win)."""
+    return ElasticJob(cluster, directory, dataset, [*FLAGS, *flags], HOSTS, gloo_timeout_s)
 
 
 References = tuple[ElasticJob, ElasticJob]  # 3 ranks to STEPS, 2 ranks to STEPS - 1
@@ -91,10 +96,7 @@ def uninterrupted(
     short: how far the last step moves each weight (the yardstick of
     `assert_same_weights`)."""
     root = tmp_path_factory.mktemp("uninterrupted")
-    short = ElasticJob(
-        cluster, root / "two", dataset, [*FLAGS, f"--max_steps={STEPS - 1}"], HOSTS,
-        GLOO_TIMEOUT_S,
-    )  # fmt: skip
+    short = elastic_job(cluster, root / "two", dataset, flags=(f"--max_steps={STEPS - 1}",))
     return (
         run_uninterrupted(elastic_job(cluster, root / "three", dataset), *HOSTS),
         run_uninterrupted(short, "node1", "node2"),

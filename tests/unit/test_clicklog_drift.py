@@ -211,7 +211,7 @@ def auc(model: list[dict[int, float]], day: Day) -> float:
     scores = np.zeros(len(day.labels))
     for t in range(NUM_CATEGORICAL):
         scores += [model[t].get(v, unknown) for v in day.values[t].tolist()]
-    return float(reference_auc(day.labels, scores))
+    return reference_auc(day.labels, scores)
 
 
 @pytest.mark.parametrize("drift", [0.0, 0.3])
