@@ -47,9 +47,9 @@ using tensorflow::errors::InvalidArgument;
 namespace shape_inference = tensorflow::shape_inference;
 
 // The rows are read from random places in tables far larger than the caches, so
-// the copy waits on memory: the row kAhead rows on (in sample-major order) is
+// the copy waits on memory: the row kLookAhead rows on (in sample-major order) is
 // asked for while this one is copied, one cache line at a time.
-constexpr int64_t kAhead = 8;
+constexpr int64_t kLookAhead = 8;
 constexpr int64_t kLineFloats = 16;
 
 template <typename T, typename Index>
@@ -109,7 +109,7 @@ class EmbeddingLookupOp : public OpKernel {
       for (int64_t i = start * tables; i < limit * tables; ++i) {
         const int64_t b = i / tables;
         const int t = static_cast<int>(i % tables);
-        const int64_t ahead = i + kAhead;
+        const int64_t ahead = i + kLookAhead;
         if (ahead < limit * tables) {
           const int a = static_cast<int>(ahead % tables);
           const Index row = id[ahead];
