@@ -20,8 +20,8 @@ class Predictor:
         self.model = model
         self.dense_chunk_rows = dense_chunk_rows
         model.build_all()
-        self._dense = tf.function(self._dense_eager, jit_compile=use_xla)
-        self._predict = tf.function(self._predict_eager)
+        self._dense = tf.function(self._dense_eager, jit_compile=use_xla, autograph=False)
+        self._predict = tf.function(self._predict_eager, autograph=False)
 
     def _dense_eager(self, numerical: tf.Tensor, vectors: tf.Tensor) -> tf.Tensor:
         return tf.sigmoid(self.model.dense_forward(numerical, vectors))
