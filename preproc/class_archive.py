@@ -53,6 +53,8 @@ def build(output: Path, console: Console = print) -> None:
 
     if SparkContext._active_spark_context is not None:
         raise RuntimeError("a Spark session is running in this process; expected none")
+    if output.is_dir():  # found now, not after the run (the rename would fail)
+        raise RuntimeError(f"{output} is a directory; expected the archive's file path")
     output.parent.mkdir(parents=True, exist_ok=True)
     staging = output.with_name(f".{output.name}.{os.getpid()}.tmp")
     staging.unlink(missing_ok=True)

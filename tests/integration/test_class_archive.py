@@ -3,6 +3,7 @@ local preprocessing run, and a Spark driver JVM given it maps its classes from i
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -27,10 +28,11 @@ spark.stop()
 """
 
 
-def build(archive: Path) -> subprocess.CompletedProcess[str]:
+def build(archive: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "preproc.class_archive", "--output", str(archive)],
         cwd=ROOT,
+        env=env,
         capture_output=True,
         text=True,
         timeout=600,
@@ -64,11 +66,23 @@ def test_archive_is_written_whole_and_maps_sparks_classes(tmp_path: Path) -> Non
     assert len(shared) > 1000
 
 
-def test_failed_build_leaves_no_archive(tmp_path: Path) -> None:
+def test_a_directory_at_the_output_is_refused_before_the_run(tmp_path: Path) -> None:
     archive = tmp_path / "archive.jsa"
-    archive.mkdir()  # a directory where the archive should go: the rename fails
+    archive.mkdir()
     built = build(archive)
     assert built.returncode == 1
-    assert "[class_archive] no archive written:" in built.stderr
+    assert f"[class_archive] no archive written: {archive} is a directory" in built.stderr
     assert archive.is_dir() and not any(archive.iterdir())
     assert [p.name for p in tmp_path.iterdir()] == ["archive.jsa"]  # no staging left
+
+
+def test_a_failed_build_leaves_the_previous_archive_as_it_was(tmp_path: Path) -> None:
+    archive = tmp_path / "spark-classes.jsa"
+    archive.write_bytes(b"the previous archive")
+    # Every JVM of the build (Spark's launcher first) refuses to start.
+    env = dict(os.environ, JDK_JAVA_OPTIONS="-XX:+DlrmNoSuchOption")
+    built = build(archive, env)
+    assert built.returncode == 1
+    assert "[class_archive] no archive written:" in built.stderr
+    assert archive.read_bytes() == b"the previous archive"
+    assert [p.name for p in tmp_path.iterdir()] == [archive.name]  # no staging left
