@@ -322,6 +322,9 @@ class SplitBinaryDataset:
                     cats += list(column) if isinstance(column, RaggedIds) else [column]
             return [batch.numerical, *cats, batch.label, batch.weight]
 
+        # Python loops over Python lists only: AutoGraph's rewrite, which tf.data's
+        # map would run on it in every process, has nothing to convert.
+        @tf.autograph.experimental.do_not_convert
         def to_batch(index: tf.Tensor) -> Batch:
             flat = tf.numpy_function(read, [index], dtypes, stateful=False)
             for tensor, shape in zip(flat, shapes, strict=True):

@@ -77,14 +77,14 @@ class _ServingModule(tf.Module):
                 ids = model_ids(categorical, multi_hot_values, multi_hot_lengths)
                 return {"probability": tf.sigmoid(model(numerical, ids))}
 
-            self.serve = tf.function(serve_variable, input_signature=signature)
+            self.serve = tf.function(serve_variable, input_signature=signature, autograph=False)
         else:
 
             def serve(numerical: tf.Tensor, categorical: tf.Tensor) -> dict[str, tf.Tensor]:
                 ids = model_ids(categorical, None, None)
                 return {"probability": tf.sigmoid(model(numerical, ids))}
 
-            self.serve = tf.function(serve, input_signature=signature)
+            self.serve = tf.function(serve, input_signature=signature, autograph=False)
 
 
 def serving_inputs(categorical: Any, cardinalities: tuple[int, ...]) -> dict[str, np.ndarray]:
