@@ -252,3 +252,30 @@ def test_tensorflow_loads_without_its_notices_and_passes_every_other_line(tmp_pa
     assert result.returncode == 0, result.stderr
     assert result.stdout == "imported\n"
     assert result.stderr == "E0000 00:00:1795775947.321043    4509 a real error: kept\n"
+
+
+@pytest.mark.parametrize("verbose", [False, True])
+def test_tensorflow_starts_for_training_without_pandas_which_stays_importable(
+    verbose: bool,
+) -> None:
+    """Keras imports pandas with TensorFlow when it can; the training command's
+    import of TensorFlow keeps it from doing so, and leaves pandas importable."""
+    program = (
+        "import sys\n"
+        "from dlrm import cli\n"
+        f"cli.quiet_logs({verbose})\n"
+        "import tensorflow as tf\n"
+        "print('pandas' in sys.modules, float(tf.reduce_sum(tf.ones([3]))))\n"
+        "import pandas\n"
+        "print(pandas.DataFrame({'a': [1, 2]})['a'].sum())\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", program],
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == ["False 3.0", "3"]
