@@ -9,7 +9,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dataloading.criteo_tsv import MALFORMED_KINDS, categorical_values, generate_criteo_tsv
+from dataloading.criteo_tsv import (
+    MALFORMED_KINDS,
+    _hex8,
+    categorical_values,
+    generate_criteo_tsv,
+)
 from dataloading.files import RaggedIds, SplitBinaryFiles
 from dataloading.synthetic import build_teacher, generate_split_binary, main
 from dataloading.teacher import FeatureSampler, Teacher, power_law_ids
@@ -365,3 +370,10 @@ def test_dlrm_synthetic_names_its_commands(capsys: pytest.CaptureFixture[str]) -
     assert "dataset" in capsys.readouterr().out
     assert commands.main(["clicks"]) == 2
     assert "unknown command 'clicks'; expected one of dataset, clicklog" in capsys.readouterr().err
+
+
+def test_categorical_values_are_written_as_8_hex_digits_each() -> None:
+    values = np.array([0, 1, 0xDEADBEEF, 0x00ABCDEF, 2**32 - 1], np.uint64)
+    expected = ["00000000", "00000001", "deadbeef", "00abcdef", "ffffffff"]
+    assert _hex8(values) == expected == [f"{v:08x}" for v in values.tolist()]
+    assert _hex8(np.array([], np.uint64)) == []
