@@ -224,12 +224,16 @@ class RequeuedJob:
         # Released sooner, it must wait until the node has finished its last run (the
         # node is "completing" until then): else the launch is refused ("Job
         # credential revoked") and the job fails, as seen on a loaded machine.
+        # Nor may it start within the second in which the last run was killed: slurmd
+        # refuses a credential whose time (whole seconds) is not after the job's
+        # revocation (seen: killed at 20:59:02.2, started again at 20:59:02.9).
         while (
             self.cluster.job(self.job_id).get("JobState") != "PENDING"
             or not self.cluster.all_idle()
         ):
             assert time.monotonic() < self.deadline, tail(self.output)
             time.sleep(1)
+        time.sleep(1.5)
         self.cluster.client(["scontrol", "update", f"JobId={self.job_id}", "StartTime=now"])
 
     def assert_ends_like(self, straight: Checkpoint, restarts: int) -> None:
