@@ -281,7 +281,8 @@ def quiet_logs(verbose: bool) -> None:
     saving, for one). `--verbosity 0` or higher (absl's flag), or
     TF_CPP_MIN_LOG_LEVEL in the environment for the C++ part, brings them back. The
     notices TensorFlow prints as it loads, which TF_CPP_MIN_LOG_LEVEL does not reach,
-    are filtered out of its import unless that is 0."""
+    are filtered out of its import unless that is 0. TensorFlow is imported here,
+    at any verbosity, without pandas for Keras (`keras_without_pandas`)."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "0" if verbose else "2")
     if not verbose:
         import logging
@@ -290,10 +291,11 @@ def quiet_logs(verbose: bool) -> None:
 
         logging.getLogger("tensorflow").setLevel(logging.ERROR)
         absl_logging.set_verbosity(absl_logging.ERROR)
-        if os.environ["TF_CPP_MIN_LOG_LEVEL"] != "0":
-            import_tensorflow_without_notices()
     with keras_without_pandas():
-        import tensorflow  # noqa: F401  (a no-op when imported above)
+        if not verbose and os.environ["TF_CPP_MIN_LOG_LEVEL"] != "0":
+            import_tensorflow_without_notices()
+        else:
+            import tensorflow  # noqa: F401
 
 
 @contextlib.contextmanager
@@ -345,8 +347,7 @@ def import_tensorflow_without_notices() -> None:
     forwarder = threading.Thread(target=forward, name="stderr-filter", daemon=True)
     forwarder.start()
     try:
-        with keras_without_pandas():
-            import tensorflow  # noqa: F401
+        import tensorflow  # noqa: F401
     finally:
         sys.stderr.flush()
         os.dup2(stderr, 2)  # the pipe's last writer closed: the forwarder reads to the end
