@@ -177,7 +177,7 @@ def build(output: Path | None = None) -> Path:
             )
             command = [compiler, *COMPILE_OPTIONS, str(unity), "-o", staging]
             flags = tf.sysconfig.get_compile_flags() + tf.sysconfig.get_link_flags()
-            _finish(_start(command + flags), compiler, target)
+            _compile(command + flags, compiler, target)
             os.chmod(staging, 0o755)  # mkstemp's 0600 would hide it from other users
             os.replace(staging, target)
         finally:
@@ -189,18 +189,15 @@ def build(output: Path | None = None) -> Path:
     return target
 
 
-def _start(command: list[str]) -> subprocess.Popen[str]:
-    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-
-
-def _finish(process: subprocess.Popen[str], compiler: str, target: Path) -> None:
-    """Waits for a compiler; KernelBuildError with its error lines if it failed."""
-    _, stderr = process.communicate()
-    if process.returncode != 0:
-        errors = [line for line in stderr.splitlines() if "error" in line]
+def _compile(command: list[str], compiler: str, target: Path) -> None:
+    """Runs the compiler; KernelBuildError with its error lines if it failed."""
+    result = subprocess.run(command, capture_output=True, text=True, check=False)
+    if result.returncode != 0:
+        lines = result.stderr.splitlines()
+        errors = [line for line in lines if "error" in line]
         raise KernelBuildError(
-            f"{compiler} exited with {process.returncode} building {target.name}:\n"
-            + "\n".join(errors[:20] or stderr.splitlines()[-20:])
+            f"{compiler} exited with {result.returncode} building {target.name}:\n"
+            + "\n".join(errors[:20] or lines[-20:])
         )
 
 
