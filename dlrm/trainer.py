@@ -216,9 +216,14 @@ class Trainer:
         embedding_gradients = embeddings.backward(lookup, vector_gradients)
         if self.collectives.world_size > 1:
             names = ["non_finite", *(f"gradient_dense_{i}" for i in range(len(dense_gradients)))]
-            verdict, *dense_gradients = self.collectives.allreduce_sum(
-                [verdict, *dense_gradients], names
-            )
+            # Once the layer's exchanges are done: an allreduce of its own in flight
+            # beside this one could be fused with it, either way round, and the
+            # sums would not repeat from run to run (`dlrm.dist.packed`).
+            receipt = embedding_gradients.receipt
+            with tf.control_dependencies([] if receipt is None else [receipt]):
+                verdict, *dense_gradients = self.collectives.allreduce_sum(
+                    [verdict, *dense_gradients], names
+                )
         gradient_scale = None
         if self.loss_scale is not None:
             gradient_scale = 1.0 / scale
