@@ -10,7 +10,6 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
 import psutil
 import pytest
 
@@ -18,6 +17,7 @@ from dataloading.synthetic import generate_split_binary
 from dlrm.checkpoint import Checkpoint
 from dlrm.embedding.planner import PlannerConfig, ShardingPlan, TableSpec, plan_sharding
 from dlrm.preemption import EXIT_PREEMPTED
+from tests.checkpoints import CROSS_WORLD, assert_close, assert_identical
 from tests.integration.conftest import REPO, horovodrun, process_env, run
 
 CARDINALITIES = (50, 200, 1000, 30, 5000, 7, 400, 90)
@@ -56,24 +56,13 @@ def dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-def assert_same_checkpoint(a: Checkpoint, b: Checkpoint) -> None:
-    for name, value in a.dense().items():
-        np.testing.assert_allclose(b.dense()[name], value, rtol=2e-5, atol=1e-6, err_msg=name)
-    for table, rows in enumerate(CARDINALITIES):
-        for slot in (None, "accumulator"):
-            np.testing.assert_allclose(
-                b.read_table_slice(table, (0, rows), (0, 8), slot),
-                a.read_table_slice(table, (0, rows), (0, 8), slot),
-                rtol=2e-5,
-                atol=1e-6,
-            )
-
-
 def test_two_ranks_resume_a_one_rank_checkpoint_like_one_rank(
     dataset: Path, tmp_path: Path
 ) -> None:
     data = f"--dataset_path={dataset}"
     one, mixed = tmp_path / "one", tmp_path / "mixed"
+    # 20 steps on one process, then 20 on 2 ranks (at most CROSS_WORLD_STEPS), against
+    # 40 on one process.
     main_py(1, data, "--max_steps=40", f"--save_checkpoint_path={one}")
     main_py(1, data, "--max_steps=20", f"--save_checkpoint_path={mixed}")
     # A plan with every kind of placement, given to main.py with --sharding_plan.
@@ -110,7 +99,7 @@ def test_two_ranks_resume_a_one_rank_checkpoint_like_one_rank(
     assert written.manifest["world_size"] == 2
     assert written.plan == plan  # the manifest keeps the plan (its shards, once)
     assert ShardingPlan.load(mixed / "sharding_plan.json") == plan  # reusable as is
-    assert_same_checkpoint(Checkpoint(one / "step_000000040"), written)
+    assert_close(written, Checkpoint(one / "step_000000040"), **CROSS_WORLD)
 
     # 2 -> 1: the 2-rank checkpoint evaluates on one process to the same AUC.
     log = tmp_path / "eval.jsonl"
@@ -147,25 +136,36 @@ def logged_steps(log: Path) -> list[int]:
     return [json.loads(line)["step"] for line in lines[:-1] if '"event": "train"' in line]
 
 
-def test_sigterm_to_one_rank_stops_both_at_one_checkpoint_and_resume_ends_like_one_process(
+def test_sigterm_to_one_rank_stops_all_at_one_checkpoint_and_resume_ends_like_a_straight_run(
     dataset: Path, tmp_path: Path
 ) -> None:
-    """A scheduler's SIGTERM reaches rank 1 alone: both ranks stop after the same
-    step, write one checkpoint together and exit with the "preempted" status; the
-    same command then resumes it (--resume) and ends with one process's weights."""
-    steps = 300  # 48 steps an epoch: the signal lands well before the end
+    """A scheduler's SIGTERM reaches rank 1 of 3 alone: every rank stops after the
+    same step, they write one checkpoint together and exit with the "preempted"
+    status; the same command then resumes it (--resume) and ends with the weights
+    of the same 3 ranks run straight through, bit for bit. (3 ranks: from 3 on, the
+    order of the ranks' sums must not depend on timing, `dlrm.dist.packed`.)"""
+    ranks, steps = 3, 150  # 65 steps an epoch: the signal lands well before the end
     straight, run_dir = tmp_path / "straight", tmp_path / "run"
     data = f"--dataset_path={dataset}"
-    main_py(1, data, "--epochs=7", f"--max_steps={steps}", f"--save_checkpoint_path={straight}")
+    batch = "--batch_size=768"  # divides by 3
+    main_py(
+        ranks,
+        data,
+        batch,
+        "--epochs=7",
+        f"--max_steps={steps}",
+        f"--save_checkpoint_path={straight}",
+    )
     flags = [
         data,
+        batch,
         "--epochs=7",
         f"--max_steps={steps}",
         f"--save_checkpoint_path={run_dir}",
         "--resume",
         "--print_freq=5",
     ]
-    command = [horovodrun(), "--gloo", "-np", "2", "-H", "localhost:2"]
+    command = [horovodrun(), "--gloo", "-np", str(ranks), "-H", f"localhost:{ranks}"]
     command += [sys.executable, "main.py", *FLAGS, *flags]
     launcher = subprocess.Popen(
         command,
@@ -193,14 +193,14 @@ def test_sigterm_to_one_rank_stops_both_at_one_checkpoint_and_resume_ends_like_o
     stop = preempted["step"]
     assert signalled_after < stop < steps
     assert f"stopped at step {stop} by a preemption signal" in output, output[-3000:]
-    # One checkpoint, both ranks' shards in it: they stopped at the same step.
+    # One checkpoint, every rank's shards in it: they stopped at the same step.
     written = Checkpoint(run_dir / f"step_{stop:09d}")
-    assert written.manifest["world_size"] == 2 and written.step == stop
+    assert written.manifest["world_size"] == ranks and written.step == stop
     assert [p.name for p in run_dir.glob("step_*")] == [written.path.name]
 
-    main_py(2, *flags)  # the same command: continues from the checkpoint
+    main_py(ranks, *flags)  # the same command: continues from the checkpoint
     resumed = summary(run_dir / "metrics.jsonl")
     assert resumed["steps"] == steps and resumed["steps_this_run"] == steps - stop
-    assert_same_checkpoint(
-        Checkpoint(straight / f"step_{steps:09d}"), Checkpoint(run_dir / f"step_{steps:09d}")
+    assert_identical(
+        Checkpoint(run_dir / f"step_{steps:09d}"), Checkpoint(straight / f"step_{steps:09d}")
     )

@@ -9,13 +9,13 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from dataloading.synthetic import generate_split_binary
 from dlrm.checkpoint import Checkpoint
 from dlrm.embedding.planner import ShardingPlan, TableSpec
 from feature_spec import FeatureSpec
+from tests.checkpoints import CROSS_WORLD, assert_close
 from tests.integration.conftest import horovodrun, run
 from tests.integration.scripts.hybrid_steps import table_plan
 from tests.integration.test_training import (
@@ -97,17 +97,11 @@ def test_mean_pooling_learns_the_teacher_and_the_export_serves_ragged_ids(
     assert "pooling: checkpoint 'mean', this run 'sum'" in output
 
 
-def table_values(checkpoint: Checkpoint, slot: str | None = None) -> list[np.ndarray]:
-    return [
-        checkpoint.read_table_slice(t, (0, rows), (0, DIM), slot)
-        for t, rows in enumerate(CARDINALITIES)
-    ]
-
-
-# The placement test's flags, for the one-process reference and the 2-rank runs.
+# The placement test's flags, for the one-process reference and the 2-rank runs
+# (steps: at most `CROSS_WORLD_STEPS`).
 PLACEMENT_FLAGS = [
     "--pooling=sum,mean,mean,sum,mean,sum,mean,sum",
-    "--max_steps=25",
+    "--max_steps=20",
     "--evals_per_epoch=0",
 ]
 
@@ -157,13 +151,4 @@ def test_two_ranks_train_variable_length_tables_like_one(
         f"--sharding_plan={plan_path}",
     )
     assert code == 0, output
-    a, b = one_process, Checkpoint(two)
-    for name, value in a.dense().items():
-        np.testing.assert_allclose(b.dense()[name], value, rtol=2e-5, atol=1e-6, err_msg=name)
-    for slot in (None, "m", "v"):
-        for t, (ours, theirs) in enumerate(
-            zip(table_values(b, slot), table_values(a, slot), strict=True)
-        ):
-            np.testing.assert_allclose(
-                ours, theirs, rtol=2e-5, atol=1e-6, err_msg=f"table {t} {slot}"
-            )
+    assert_close(Checkpoint(two), one_process, **CROSS_WORLD)

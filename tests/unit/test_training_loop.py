@@ -11,7 +11,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 
 from dataloading.synthetic import generate_split_binary
@@ -20,6 +19,7 @@ from dlrm.config import RunConfig
 from dlrm.reporting import MetricsLog
 from dlrm.session import Session, build_session
 from dlrm.training_loop import train
+from tests.checkpoints import assert_identical
 
 CARDINALITIES = (23, 7, 11, 130, 5)
 BATCH = 64
@@ -72,20 +72,6 @@ def signal_before_step(s: Session, step: int, sig: signal.Signals) -> None:
         return step_function(*args)
 
     s.trainer.train_step_agreeing = wrapped  # type: ignore[method-assign]
-
-
-def assert_same_weights(a: Checkpoint, b: Checkpoint) -> None:
-    assert a.step == b.step
-    for name, value in a.dense().items():
-        np.testing.assert_allclose(b.dense()[name], value, rtol=1e-6, atol=1e-8, err_msg=name)
-    for table, rows in enumerate(CARDINALITIES):
-        for slot in (None, "accumulator"):
-            np.testing.assert_allclose(
-                b.read_table_slice(table, (0, rows), (0, 6), slot),
-                a.read_table_slice(table, (0, rows), (0, 6), slot),
-                rtol=1e-6,
-                atol=1e-8,
-            )
 
 
 def test_checkpoints_every_n_steps_and_at_the_end(dataset: Path, tmp_path: Path) -> None:
@@ -144,8 +130,8 @@ def test_a_preemption_signal_stops_at_a_checkpoint_and_resume_continues_it(
     assert resumed["steps"] == STEPS and resumed["steps_this_run"] == STEPS - 5
     assert "preempted" not in resumed
     assert steps_saved(stopped) == [5, STEPS]
-    assert_same_weights(
-        Checkpoint(straight / "step_000000010"), Checkpoint(stopped / "step_000000010")
+    assert_identical(
+        Checkpoint(stopped / "step_000000010"), Checkpoint(straight / "step_000000010")
     )
 
 
