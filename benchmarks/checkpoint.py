@@ -39,7 +39,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script 
 
 import numpy as np
 
-from dlrm.checkpoint import Checkpoint, CheckpointWriter
+from dlrm.checkpoint.reader import Checkpoint
+from dlrm.checkpoint.writer import CheckpointWriter
 from dlrm.embedding.shard import ShardingKind, TableShard
 
 DIM = 128

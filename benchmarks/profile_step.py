@@ -30,11 +30,12 @@ import tensorflow as tf
 from tensorflow.tsl.profiler.protobuf import xplane_pb2
 
 from dataloading.split_binary import Batch
-from dlrm.config import DEFAULT_CPU_DENSE_CHUNK_ROWS
-from dlrm.model import Dlrm, ModelConfig
-from dlrm.optimizers import Sgd
-from dlrm.precision import choose_precision
-from dlrm.trainer import Trainer
+from dlrm.model.config import ModelConfig
+from dlrm.model.dlrm import Dlrm
+from dlrm.optim.optimizers import Sgd
+from dlrm.train.config import DEFAULT_CPU_DENSE_CHUNK_ROWS
+from dlrm.train.precision import choose_precision
+from dlrm.train.trainer import Trainer
 
 # Parts of the model, by the first of these words in an op's name (the
 # interaction's backward ops are named outside its layer: its batched products

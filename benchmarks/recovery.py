@@ -16,7 +16,7 @@ take a failed host back without --blacklist-cooldown-range):
 - `link`: its link goes down (nothing closes; the survivors notice it after
   HOROVOD_GLOO_TIMEOUT_SECONDS, --gloo_timeout).
 
-For each it reports, from the metrics log (`dlrm.elastic`): `detect_s`, from the
+For each it reports, from the metrics log (`dlrm.app.elastic`): `detect_s`, from the
 failure to the moment the last survivor saw its collective fail; `continue_s`, from
 there to the first step of the new world (the world formed, the session built again,
 the checkpoint restored); and their sum, `total_s`. The model has 8 tables of up to

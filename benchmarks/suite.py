@@ -314,7 +314,7 @@ DCNV2_PLAIN_FLAGS = {
 
 def dcnv2_flags() -> dict[str, str]:
     """The packaged DLRM-DCNv2 flagfile's settings, by flag name."""
-    from dlrm.cli import PACKAGED_FLAGFILES
+    from dlrm.app.flags import PACKAGED_FLAGFILES
 
     lines = (PACKAGED_FLAGFILES / DCNV2_FLAGFILE).read_text().splitlines()
     pairs = (line.strip().removeprefix("--").split("=", 1) for line in lines)
@@ -327,7 +327,7 @@ DCNV2_BATCH = int(dcnv2_flags()["batch_size"])
 def mflop_per_sample() -> float:
     """The default model's dense MFLOP per training sample."""
     from benchmarks.train import dense_training_flops
-    from dlrm.model import ModelConfig
+    from dlrm.model.config import ModelConfig
 
     return dense_training_flops(ModelConfig(13, (ROWS_PER_TABLE,) * TABLES, (1,) * TABLES)) / 1e6
 

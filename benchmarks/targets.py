@@ -67,7 +67,7 @@ def machine_peaks() -> dict[str, Any]:
     import numpy as np
     import tensorflow as tf
 
-    from dlrm.precision import matmul_gflops
+    from dlrm.train.precision import matmul_gflops
 
     measured: dict[str, dict[str, float]] = {"float32": {}, "bfloat16": {}}
     generator = np.random.default_rng(0)

@@ -43,12 +43,12 @@ import tensorflow as tf
 from benchmarks.collective_time import exposed, timeline_seconds
 from dataloading.split_binary import ShardSpec, SplitBinaryDataset
 from dataloading.synthetic import generate_split_binary
-from dlrm import precision
-from dlrm.config import RunConfig
-from dlrm.dist import create_collectives
-from dlrm.model import ModelConfig
-from dlrm.reporting import MetricsLog
-from dlrm.session import build_session, model_config_for
+from dlrm.app.assembly import build_session, model_config_for
+from dlrm.app.config import RunConfig
+from dlrm.app.reporting import MetricsLog
+from dlrm.distributed.collectives import create_collectives
+from dlrm.model.config import ModelConfig
+from dlrm.train import precision
 from feature_spec import FeatureSpec
 
 # The matmul whose best speed the achieved GFLOP/s are set against.

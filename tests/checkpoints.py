@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from dlrm.checkpoint import Checkpoint
+from dlrm.checkpoint.reader import Checkpoint
 
 # 1 process against 2 ranks, `test_hybrid_main`'s model (Adagrad 0.05, widths 8,
 # MLPs 32-8 and 32-1), 12 runs of 300 steps (seeds 1-6, batches 768 and 1024) on an

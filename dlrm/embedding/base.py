@@ -30,14 +30,10 @@ from tensorflow.python.ops import resource_variable_ops
 
 from dlrm import kernels
 from dlrm.embedding.initializer import initial_table_values
-from dlrm.embedding.shard import TableShard
+from dlrm.embedding.shard import ROW_BLOCK_BYTES, TableShard
 from dlrm.embedding.update import GradientPiece, apply_pieces
-from dlrm.optimizers import Optimizer
+from dlrm.optim.optimizers import Optimizer
 from dlrm.variables import resource_variable
-
-# Rows are written into table variables in chunks of at most this many bytes.
-CHUNK_BYTES = 64 << 20
-
 
 # The most rows whose shape fits int32: TensorFlow's own gather gradient states
 # the variable's shape as int32 (`ResourceGather`'s gradient, `variable_shape`).
@@ -217,8 +213,8 @@ class Embeddings(keras.layers.Layer):
             )
 
     def create_shard_variable(self, shard: TableShard) -> Any:
-        """The shard's tf.Variable, filled with its initial values in row chunks,
-        so that creating it needs the shard's memory once plus a chunk (handing
+        """The shard's tf.Variable, filled with its initial values in row blocks,
+        so that creating it needs the shard's memory once plus a block (handing
         Keras the whole array made three copies of it)."""
         rows, dim, seed = self.cardinalities[shard.table], self.dims[shard.table], self.seed
         variable = self.add_weight(
@@ -227,7 +223,7 @@ class Embeddings(keras.layers.Layer):
             name=shard.name.replace(".", "_"),
             dtype="float32",
         )
-        step = max(1, CHUNK_BYTES // (4 * shard.width))
+        step = max(1, ROW_BLOCK_BYTES // (4 * shard.width))
         for start in range(0, shard.height, step):
             stop = min(shard.height, start + step)
             rows_range = (shard.rows[0] + start, shard.rows[0] + stop)

@@ -14,6 +14,11 @@ from typing import Any
 
 Range = tuple[int, int]
 
+# A table's rows are streamed in blocks of about this many bytes, wherever they
+# move: into its variable when it is created, out to a checkpoint's files and back
+# (`dlrm.embedding.base`, `dlrm.checkpoint`), so that no copy of a table is made.
+ROW_BLOCK_BYTES = 64 << 20
+
 
 class ShardingKind(str, enum.Enum):
     """How a table is placed on the ranks.

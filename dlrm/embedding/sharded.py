@@ -42,7 +42,7 @@ from typing import Any, NamedTuple
 
 import tensorflow as tf
 
-from dlrm.dist import Collectives
+from dlrm.distributed.collectives import Collectives
 from dlrm.embedding.base import (
     ChunkLookup,
     EmbeddingGradients,
@@ -53,10 +53,10 @@ from dlrm.embedding.base import (
     pool,
     pooled_lookup,
 )
-from dlrm.embedding.planner import ShardingPlan
+from dlrm.embedding.planner.plan import ShardingPlan
 from dlrm.embedding.shard import ShardingKind, TableShard
 from dlrm.embedding.update import GradientPiece, piece_slices, pooled_piece
-from dlrm.precision import all_finite
+from dlrm.kernels.finite import all_finite
 
 
 class ShardPiece:

@@ -21,7 +21,7 @@ import tensorflow as tf
 
 from dlrm import kernels
 from dlrm.embedding.shard import ShardingKind, TableShard
-from dlrm.optimizers import Optimizer
+from dlrm.optim.optimizers import Optimizer
 from dlrm.variables import resource_variable
 
 

@@ -29,7 +29,7 @@ environment's `lib/` or, where that is read-only, into a per-user cache
 (`$XDG_CACHE_HOME/dlrm-hybrid/kernels`); ranks starting together wait for
 one build. Where they cannot be built (no compiler, another CPU architecture)
 or loaded, one line says so, and the model runs the same computation on
-TensorFlow's ops (`dlrm.interaction`), slower.
+TensorFlow's ops (`dlrm.model.interaction`), slower.
 
 The code is compiled for three CPU levels (AVX-512, AVX2 and baseline x86-64)
 and the best one the CPU has is picked when the library is loaded, so a library

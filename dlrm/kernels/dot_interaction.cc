@@ -9,7 +9,7 @@
 //
 // DlrmDotInteraction: dense [B, D], embeddings [B, T, D] -> [B, D + (T + 1) T / 2]:
 // `dense`, then <v_i, v_j> for i > j, row by row (i = 1 .. T, j = 0 .. i - 1), of
-// v = (dense, e_1 .. e_T). The Python reference is dlrm.interaction.dot_interaction.
+// v = (dense, e_1 .. e_T). The Python reference is dlrm.model.interaction.dot_interaction.
 //
 // DlrmDotInteractionGrad: the output's gradient, dense, embeddings -> the
 // gradients of dense and embeddings. With G the symmetric [T + 1, T + 1] matrix

@@ -1,7 +1,7 @@
 // One optimizer step (SGD, Adagrad or lazy Adam) on the looked-up rows of many
 // embedding tables, straight from the gradient of the lookups' outputs.
 //
-// TensorFlow's path (dlrm/optimizers.py's _apply_sparse) first cuts each
+// TensorFlow's path (dlrm/optim/optimizers.py's _apply_sparse) first cuts each
 // table's gradient out of the lookups' [B, sum of D] gradient, then, for
 // Adagrad and Adam, deduplicates it (tf.unique, unsorted_segment_sum) and
 // applies it with ResourceSparseApplyAdagradV2, or Adam's gathers, arithmetic
@@ -281,7 +281,7 @@ Status ReadAttributes(Context* c, Attributes* a) {
 // its attr. 1 - 0.999f is 0.00099998713: the rounding of beta, relative 6e-8,
 // becomes 1.3e-5 of the difference, which shows in Adam's v within a few
 // steps. The shortest decimal that rounds to the attr is the value written, so
-// the difference is taken from it in double: 0.001, as dlrm/optimizers.py's
+// the difference is taken from it in double: 0.001, as dlrm/optim/optimizers.py's
 // Python arithmetic (1.0 - self.beta_2) gives it.
 float Complement(float beta) {
   char text[32];
@@ -495,7 +495,7 @@ class EmbeddingApplyOp : public OpKernel {
 
   Constants MakeConstants(const float* scalars) const {
     const float learning_rate = scalars[0];
-    // As dlrm/optimizers.py's Adam: the step size with the bias correction (the
+    // As dlrm/optim/optimizers.py's Adam: the step size with the bias correction (the
     // powers of other optimizers may be 1).
     const float step = attrs_.optimizer != Optimizer::kAdam
                            ? 0.0f

@@ -20,8 +20,10 @@ from pathlib import Path
 
 import numpy as np
 
-from dlrm.checkpoint import FORMAT_VERSION, CheckpointWriter
-from dlrm.embedding.planner import ShardingPlan, TablePlan, TableSpec
+from dlrm.checkpoint.format import FORMAT_VERSION
+from dlrm.checkpoint.writer import CheckpointWriter
+from dlrm.embedding.planner.plan import ShardingPlan, TablePlan
+from dlrm.embedding.planner.types import TableSpec
 from dlrm.embedding.shard import ShardingKind, TableShard
 
 STEP = 12

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from dataloading.synthetic import generate_split_binary
-from dlrm.checkpoint import Checkpoint
+from dlrm.checkpoint.reader import Checkpoint
 from feature_spec import (
     CRITEO_1TB_MLPERF_CARDINALITIES,
     MLPERF_DCNV2_MULTI_HOT_SIZES,

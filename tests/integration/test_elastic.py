@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 
 from dataloading.synthetic import generate_split_binary
-from dlrm.checkpoint import Checkpoint, list_checkpoints
+from dlrm.checkpoint.format import list_checkpoints
+from dlrm.checkpoint.reader import Checkpoint
 from tests.checkpoints import assert_identical
 from tests.integration.conftest import netns_cluster
 from tests.integration.elastic_job import ElasticJob

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from dataloading.synthetic import generate_split_binary
-from dlrm.dist import cpu_slice
+from dlrm.distributed.devices import cpu_slice
 from feature_spec import FeatureSpec
 from tests.integration.conftest import horovodrun, run
 
@@ -104,7 +104,7 @@ def test_ranks_on_one_host_share_its_cpus(tmp_path: Path) -> None:
             slices.append(set(facts["bound"]))
         else:
             assert facts["bound"] is None
-        assert facts["cycle_time"] == "3"  # no GPU here: dlrm.dist.CPU_DEFAULTS
+        assert facts["cycle_time"] == "3"  # no GPU here: dlrm.distributed.collectives.CPU_DEFAULTS
         facts = json.loads((shared / f"rank{rank}.json").read_text())
         assert facts["bound"] is None and facts["cpus"] == len(host)
         assert facts["set"] == facts["configured"] == max(1, len(host) // 2)

@@ -19,8 +19,10 @@ import numpy as np
 import pytest
 
 from dataloading.synthetic import generate_split_binary
-from dlrm.checkpoint import Checkpoint
-from dlrm.embedding.planner import PlannerConfig, ShardingPlan, TableSpec, plan_sharding
+from dlrm.checkpoint.reader import Checkpoint
+from dlrm.embedding.planner.placement import PlannerConfig, plan_sharding
+from dlrm.embedding.planner.plan import ShardingPlan
+from dlrm.embedding.planner.types import TableSpec
 from feature_spec import FeatureSpec
 from tests.integration.conftest import REPO, horovodrun, process_env, run
 

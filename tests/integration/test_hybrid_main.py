@@ -14,9 +14,11 @@ import psutil
 import pytest
 
 from dataloading.synthetic import generate_split_binary
-from dlrm.checkpoint import Checkpoint
-from dlrm.embedding.planner import PlannerConfig, ShardingPlan, TableSpec, plan_sharding
-from dlrm.preemption import EXIT_PREEMPTED
+from dlrm.checkpoint.reader import Checkpoint
+from dlrm.distributed.preemption import EXIT_PREEMPTED
+from dlrm.embedding.planner.placement import PlannerConfig, plan_sharding
+from dlrm.embedding.planner.plan import ShardingPlan
+from dlrm.embedding.planner.types import TableSpec
 from tests.checkpoints import CROSS_WORLD, assert_close, assert_identical
 from tests.integration.conftest import REPO, horovodrun, process_env, run
 
@@ -143,7 +145,7 @@ def test_sigterm_to_one_rank_stops_all_at_one_checkpoint_and_resume_ends_like_a_
     same step, they write one checkpoint together and exit with the "preempted"
     status; the same command then resumes it (--resume) and ends with the weights
     of the same 3 ranks run straight through, bit for bit. (3 ranks: from 3 on, the
-    order of the ranks' sums must not depend on timing, `dlrm.dist.packed`.)"""
+    order of the ranks' sums must not depend on timing, `dlrm.distributed.collectives.packed`.)"""
     ranks, steps = 3, 150  # 65 steps an epoch: the signal lands well before the end
     straight, run_dir = tmp_path / "straight", tmp_path / "run"
     data = f"--dataset_path={dataset}"

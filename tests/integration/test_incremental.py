@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from dlrm.checkpoint import Checkpoint
+from dlrm.checkpoint.reader import Checkpoint
 from feature_spec import FeatureSpec
 from feature_spec.vocabulary import VocabularyLineage
 from tests.integration.conftest import run

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from dataloading.synthetic import generate_split_binary
-from dlrm.checkpoint import Checkpoint
+from dlrm.checkpoint.reader import Checkpoint
 from tests.checkpoints import CROSS_WORLD, assert_close
 from tests.integration.conftest import REPO, horovodrun, netns_cluster, process_env
 from tests.integration.netns_cluster import INTERFACE, NetnsCluster, install_reason

@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 
 from dataloading.synthetic import generate_split_binary
-from dlrm.checkpoint import Checkpoint
-from dlrm.embedding.planner import ShardingPlan, TableSpec
+from dlrm.checkpoint.reader import Checkpoint
+from dlrm.embedding.planner.plan import ShardingPlan
+from dlrm.embedding.planner.types import TableSpec
 from feature_spec import FeatureSpec
 from tests.checkpoints import CROSS_WORLD, assert_close
 from tests.integration.conftest import horovodrun, run

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from dlrm.checkpoint import Checkpoint
+from dlrm.checkpoint.reader import Checkpoint
 from feature_spec import FeatureSpec
 from tests.checkpoints import assert_identical
 from tests.integration.conftest import REPO, run

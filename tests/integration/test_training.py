@@ -18,12 +18,14 @@ from dataloading.files import SplitBinaryFiles
 from dataloading.split_binary import ShardSpec, SplitBinaryDataset, categorical_tensors
 from dataloading.synthetic import build_teacher, generate_split_binary
 from dataloading.teacher import FeatureSampler
-from dlrm import metrics
-from dlrm.checkpoint import Checkpoint
-from dlrm.embedding.planner import PlannerConfig, TableSpec, plan_sharding
-from dlrm.export import serving_inputs
-from dlrm.model import Dlrm, ModelConfig
-from dlrm.training_state import restore_model_weights
+from dlrm.checkpoint.model_state import restore_model_weights
+from dlrm.checkpoint.reader import Checkpoint
+from dlrm.embedding.planner.placement import PlannerConfig, plan_sharding
+from dlrm.embedding.planner.types import TableSpec
+from dlrm.evaluation import metrics
+from dlrm.model.config import ModelConfig
+from dlrm.model.dlrm import Dlrm
+from dlrm.model.export import serving_inputs
 from feature_spec import FeatureSpec
 from tests.checkpoints import assert_identical
 from tests.integration.conftest import run

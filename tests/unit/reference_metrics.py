@@ -1,4 +1,4 @@
-"""ROC AUC and log loss computed apart from `dlrm.metrics`, to check it against and to
+"""ROC AUC and log loss computed apart from `dlrm.evaluation.metrics`, to check it against and to
 score the tests' own models.
 
 The AUC is scipy's Mann-Whitney U of the positives' scores against the negatives',

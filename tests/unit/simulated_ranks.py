@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from dlrm.dist import Collectives
+from dlrm.distributed.collectives import Collectives
 
 TIMEOUT_S = 60.0
 

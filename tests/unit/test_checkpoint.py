@@ -11,16 +11,12 @@ from typing import Any
 import numpy as np
 import pytest
 
-import dlrm.checkpoint as checkpoint_module
-from dlrm.checkpoint import (
-    MANIFEST,
-    Checkpoint,
-    CheckpointError,
-    CheckpointWriter,
-    list_checkpoints,
-    resolve_checkpoint,
-)
-from dlrm.embedding.planner import ShardingPlan, TablePlan, TableSpec
+import dlrm.checkpoint.reader as reader_module
+from dlrm.checkpoint.format import MANIFEST, CheckpointError, list_checkpoints, resolve_checkpoint
+from dlrm.checkpoint.reader import Checkpoint
+from dlrm.checkpoint.writer import CheckpointWriter
+from dlrm.embedding.planner.plan import ShardingPlan, TablePlan
+from dlrm.embedding.planner.types import TableSpec
 from dlrm.embedding.shard import Range, ShardingKind, TableShard
 
 TABLE = np.arange(23 * 7, dtype=np.float32).reshape(23, 7)
@@ -56,16 +52,16 @@ def write(root: Path, step: int, shards: Layout, keep: int = 0) -> Path:
     return writer.commit({"model": {"embedding_dim": 7}}, keep=keep)
 
 
-def restore_in_chunks(
+def restore_in_blocks(
     checkpoint: Checkpoint,
     rows: Range,
     columns: Range,
-    chunk_bytes: int,
+    block_bytes: int,
     slot: str | None = None,
 ) -> list[tuple[int, np.ndarray]]:
     calls: list[tuple[int, np.ndarray]] = []
     checkpoint.restore_table_slice(
-        0, rows, columns, lambda offset, chunk: calls.append((offset, chunk)), slot, chunk_bytes
+        0, rows, columns, lambda offset, block: calls.append((offset, block)), slot, block_bytes
     )
     return calls
 
@@ -157,34 +153,34 @@ def test_slices_assembled_across_row_and_column_shards(tmp_path: Path) -> None:
         ((22, 23), (6, 7)),  # one element
     ],
 )
-@pytest.mark.parametrize("chunk_bytes", [1, 20, 60, 1 << 20])
+@pytest.mark.parametrize("block_bytes", [1, 20, 60, 1 << 20])
 def test_restore_in_chunks_equals_a_whole_read(
-    tmp_path: Path, layout: str, rows: Range, columns: Range, chunk_bytes: int
+    tmp_path: Path, layout: str, rows: Range, columns: Range, block_bytes: int
 ) -> None:
     checkpoint = Checkpoint(write(tmp_path, 3, LAYOUTS[layout]))
     width = columns[1] - columns[0]
     for slot, expected in [(None, TABLE + 3), ("m", -TABLE)]:
-        calls = restore_in_chunks(checkpoint, rows, columns, chunk_bytes, slot)
+        calls = restore_in_blocks(checkpoint, rows, columns, block_bytes, slot)
         offsets = [offset for offset, _ in calls]
-        assert offsets == list(np.cumsum([0] + [len(chunk) for _, chunk in calls[:-1]]))
-        for _, chunk in calls:
-            assert chunk.dtype == np.float32 and chunk.shape[1] == width
-            assert chunk.nbytes <= max(chunk_bytes, width * 4)  # at least one row
-        restored = np.concatenate([chunk for _, chunk in calls])
+        assert offsets == list(np.cumsum([0] + [len(block) for _, block in calls[:-1]]))
+        for _, block in calls:
+            assert block.dtype == np.float32 and block.shape[1] == width
+            assert block.nbytes <= max(block_bytes, width * 4)  # at least one row
+        restored = np.concatenate([block for _, block in calls])
         np.testing.assert_array_equal(
             restored, expected[rows[0] : rows[1], columns[0] : columns[1]]
         )
         np.testing.assert_array_equal(restored, checkpoint.read_table_slice(0, rows, columns, slot))
-    if chunk_bytes == 1:
+    if block_bytes == 1:
         assert len(calls) == rows[1] - rows[0]
 
 
 def test_chunks_are_sized_by_the_widest_shard_read(tmp_path: Path) -> None:
-    # One column of a 7-wide shard: the read buffer is 7 wide, so chunks have
-    # chunk_bytes // 28 rows, not chunk_bytes // 4.
+    # One column of a 7-wide shard: the read buffer is 7 wide, so blocks have
+    # block_bytes // 28 rows, not block_bytes // 4.
     checkpoint = Checkpoint(write(tmp_path, 1, LAYOUTS["whole"]))
-    calls = restore_in_chunks(checkpoint, (0, 23), (2, 3), chunk_bytes=56)
-    assert [len(chunk) for _, chunk in calls] == [2] * 11 + [1]
+    calls = restore_in_blocks(checkpoint, (0, 23), (2, 3), block_bytes=56)
+    assert [len(block) for _, block in calls] == [2] * 11 + [1]
 
 
 def test_uncovered_slice_is_an_error(tmp_path: Path) -> None:
@@ -228,13 +224,13 @@ def test_each_file_is_hashed_once_per_checkpoint(
 ) -> None:
     checkpoint = Checkpoint(write(tmp_path, 1, LAYOUTS["columns"]))
     hashed: list[str] = []
-    original = checkpoint_module._sha256
+    original = reader_module.sha256_of_file
 
     def counting(path: Path) -> str:
         hashed.append(path.name)
         return original(path)
 
-    monkeypatch.setattr(checkpoint_module, "_sha256", counting)
+    monkeypatch.setattr(reader_module, "sha256_of_file", counting)
     for rows in [(0, 5), (5, 23), (0, 23)]:
         checkpoint.read_table_slice(0, rows, (0, 4))
     assert sorted(hashed) == ["table_0.rows_0_23.cols_0_3.npy", "table_0.rows_0_23.cols_3_4.npy"]

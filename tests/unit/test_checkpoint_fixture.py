@@ -9,7 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dlrm.checkpoint import MANIFEST, Checkpoint
+from dlrm.checkpoint.format import MANIFEST
+from dlrm.checkpoint.reader import Checkpoint
 from dlrm.embedding.shard import Range
 from tests.data import make_checkpoint_fixture as fixture
 
@@ -68,29 +69,29 @@ def restore(
     rows: Range,
     columns: Range,
     slot: str | None,
-    chunk_bytes: int,
+    block_bytes: int,
 ) -> np.ndarray:
-    """The slice as a rank restores it: streamed into its own array, chunk by chunk."""
+    """The slice as a rank restores it: streamed into its own array, block by block."""
     target = np.full((rows[1] - rows[0], columns[1] - columns[0]), np.nan, np.float32)
 
-    def assign(offset: int, chunk: np.ndarray) -> None:
-        target[offset : offset + len(chunk)] = chunk
+    def assign(offset: int, block: np.ndarray) -> None:
+        target[offset : offset + len(block)] = block
 
-    checkpoint.restore_table_slice(table, rows, columns, assign, slot, chunk_bytes)
+    checkpoint.restore_table_slice(table, rows, columns, assign, slot, block_bytes)
     return target
 
 
 @pytest.mark.parametrize("ranks", [1, 3, 4])
 @pytest.mark.parametrize("kind", ["rows", "columns"])
-@pytest.mark.parametrize("chunk_bytes", [1, 84, 1 << 20])  # 84: rows cross shard edges
+@pytest.mark.parametrize("block_bytes", [1, 84, 1 << 20])  # 84: rows cross shard edges
 def test_restores_resharded_bit_for_bit(
-    checkpoint: Checkpoint, ranks: int, kind: str, chunk_bytes: int
+    checkpoint: Checkpoint, ranks: int, kind: str, block_bytes: int
 ) -> None:
     for table, shape in enumerate(fixture.SHAPES):
         for slot in (None, *fixture.SLOTS):
             expected = fixture.table_values(table, slot)
             for rows, columns in layouts(shape, ranks)[kind]:
-                restored = restore(checkpoint, table, rows, columns, slot, chunk_bytes)
+                restored = restore(checkpoint, table, rows, columns, slot, block_bytes)
                 same_bits(restored, expected[rows[0] : rows[1], columns[0] : columns[1]])
 
 

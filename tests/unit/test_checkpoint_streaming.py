@@ -1,4 +1,4 @@
-"""Table shards are written in row chunks: the bytes and checksums `np.save` gave."""
+"""Table shards are written in row blocks: the bytes and checksums `np.save` gave."""
 
 from __future__ import annotations
 
@@ -10,7 +10,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from dlrm.checkpoint import Checkpoint, CheckpointError, CheckpointWriter
+from dlrm.checkpoint.format import CheckpointError
+from dlrm.checkpoint.reader import Checkpoint
+from dlrm.checkpoint.writer import CheckpointWriter
 from dlrm.embedding.base import read_rows
 from dlrm.embedding.shard import ShardingKind, TableShard
 
@@ -28,9 +30,9 @@ def saved_bytes(array: np.ndarray) -> bytes:
     return out.getvalue()
 
 
-@pytest.mark.parametrize("chunk_bytes", [1, 3 * 7 * 4 + 5, 1 << 20])
+@pytest.mark.parametrize("block_bytes", [1, 3 * 7 * 4 + 5, 1 << 20])
 def test_chunked_shards_are_np_save_bytes_with_their_checksums(
-    tmp_path: Path, chunk_bytes: int
+    tmp_path: Path, block_bytes: int
 ) -> None:
     table, accumulator = values(1), values(2)
     reads: list[tuple[int, int]] = []
@@ -41,7 +43,7 @@ def test_chunked_shards_are_np_save_bytes_with_their_checksums(
 
     writer = CheckpointWriter(tmp_path, 3)
     writer.add_dense({"trainer/step": np.asarray(3, np.int64)})
-    writer.add_table_shard(SHARD, TABLE_SHAPE, table, {"accumulator": read}, chunk_bytes)
+    writer.add_table_shard(SHARD, TABLE_SHAPE, table, {"accumulator": read}, block_bytes)
     files = writer.contents()["files"]
     for name, array in [("", table), (".accumulator", accumulator)]:
         relative = f"embeddings/{SHARD.name}{name}.npy"
@@ -51,7 +53,7 @@ def test_chunked_shards_are_np_save_bytes_with_their_checksums(
             "sha256": hashlib.sha256(written).hexdigest(),
             "bytes": len(written),
         }
-    rows = max(1, chunk_bytes // (7 * 4))
+    rows = max(1, block_bytes // (7 * 4))
     assert reads == [(r, min(r + rows, SHARD.height)) for r in range(0, SHARD.height, rows)]
 
     path = writer.commit({})

@@ -1,4 +1,4 @@
-"""`dlrm.dist.packed`: each allreduce call as one buffer per dtype, laid out the
+"""`dlrm.distributed.collectives.packed`: each allreduce call as one buffer per dtype, laid out the
 same way every time, so that the ranks' sums repeat bit for bit (the 3-rank
 runs of tests/integration/test_hybrid_main.py show it under horovodrun)."""
 
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from dlrm.dist import packed
+from dlrm.distributed.collectives import packed
 
 
 def tensors() -> list[tf.Tensor]:

@@ -12,9 +12,10 @@ from pathlib import Path
 import pytest
 from absl import flags
 
-from dlrm.config import DEFAULT_CPU_DENSE_CHUNK_ROWS, ConfigError, RunConfig, check_world_size
-from dlrm.preemption import parse_signal
-from dlrm.training_loop import eval_steps
+from dlrm.app.config import ConfigError, RunConfig, check_world_size
+from dlrm.app.modes.training import eval_steps
+from dlrm.distributed.preemption import parse_signal
+from dlrm.train.config import DEFAULT_CPU_DENSE_CHUNK_ROWS
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -110,13 +111,13 @@ def test_eval_steps_are_spread_over_each_epoch() -> None:
 
 def config_from_flagfile(flagfile: Path, text: str, *more_flags: str) -> RunConfig:
     """main.py's config of `--flagfile` (holding `text`) and `more_flags`."""
-    from dlrm import cli
+    from dlrm.app.flags import config_from_flags
 
     flagfile.write_text(text)
     flags.FLAGS.unparse_flags()
     flags.FLAGS(["main.py", f"--flagfile={flagfile}", *more_flags])
     try:
-        return cli.config_from_flags()
+        return config_from_flags()
     finally:
         flags.FLAGS.unparse_flags()
 
@@ -177,7 +178,7 @@ def test_pooling_flag_takes_one_value_or_one_per_table(tmp_path: Path) -> None:
 
 
 def test_intra_op_threads_per_rank_share_the_cpus() -> None:
-    from dlrm.dist import intra_op_threads_per_rank
+    from dlrm.distributed.devices import intra_op_threads_per_rank
 
     assert intra_op_threads_per_rank(2, 2) == 1
     assert intra_op_threads_per_rank(16, 2) == 8
@@ -186,7 +187,7 @@ def test_intra_op_threads_per_rank_share_the_cpus() -> None:
 
 
 def test_ranks_on_a_host_get_slices_of_its_cpus() -> None:
-    from dlrm.dist import cpu_slice, format_cpus
+    from dlrm.distributed.devices import cpu_slice, format_cpus
 
     assert [cpu_slice([0, 1], 2, r) for r in range(2)] == [(0,), (1,)]
     assert [cpu_slice(range(16), 2, r) for r in range(2)] == [tuple(range(8)), tuple(range(8, 16))]
@@ -205,13 +206,13 @@ def test_ranks_on_a_host_get_slices_of_its_cpus() -> None:
 def test_packaged_flagfiles_are_found_by_name_from_any_directory(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from dlrm import cli
+    from dlrm.app.flags import PACKAGED_FLAGFILES, resolve_flagfiles
 
     monkeypatch.chdir(tmp_path)
-    packaged = str(cli.PACKAGED_FLAGFILES / "mlperf_dcnv2_small.flags")
+    packaged = str(PACKAGED_FLAGFILES / "mlperf_dcnv2_small.flags")
     by_name = ["--flagfile=mlperf_dcnv2_small.flags", "--batch_size=8"]
     by_path = ["--flagfile", "dlrm/flagfiles/mlperf_dcnv2_small.flags"]
-    assert cli.resolve_flagfiles(["dlrm-train", *by_name, *by_path]) == [
+    assert resolve_flagfiles(["dlrm-train", *by_name, *by_path]) == [
         "dlrm-train",
         f"--flagfile={packaged}",
         "--batch_size=8",
@@ -221,7 +222,7 @@ def test_packaged_flagfiles_are_found_by_name_from_any_directory(
     # A file of that name where the user is wins; an unknown name is left to absl's error.
     (tmp_path / "mlperf_dcnv2_small.flags").write_text("--batch_size=4\n")
     mine = ["dlrm-train", "--flagfile=mlperf_dcnv2_small.flags", "--flagfile=nothing.flags"]
-    assert cli.resolve_flagfiles(mine) == mine
+    assert resolve_flagfiles(mine) == mine
 
 
 def test_tensorflow_loads_without_its_notices_and_passes_every_other_line(tmp_path: Path) -> None:
@@ -240,7 +241,10 @@ def test_tensorflow_loads_without_its_notices_and_passes_every_other_line(tmp_pa
         "):\n"
         "    os.write(2, (line + '\\n').encode())\n"
     )
-    program = "from dlrm import cli\ncli.import_tensorflow_without_notices()\nprint('imported')\n"
+    program = (
+        "from dlrm.app.tensorflow_import import import_tensorflow_without_notices\n"
+        "import_tensorflow_without_notices()\nprint('imported')\n"
+    )
     result = subprocess.run(
         [sys.executable, "-c", program],
         env={**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(REPO)])},
@@ -262,8 +266,8 @@ def test_tensorflow_starts_for_training_without_pandas_which_stays_importable(
     import of TensorFlow keeps it from doing so, and leaves pandas importable."""
     program = (
         "import sys\n"
-        "from dlrm import cli\n"
-        f"cli.quiet_logs({verbose})\n"
+        "from dlrm.app.tensorflow_import import quiet_logs\n"
+        f"quiet_logs({verbose})\n"
         "import tensorflow as tf\n"
         "print('pandas' in sys.modules, float(tf.reduce_sum(tf.ones([3]))))\n"
         "import pandas\n"

@@ -13,12 +13,12 @@ import pytest
 import tensorflow as tf
 from horovod.common.exceptions import HorovodInternalError
 
-from dlrm.checkpoint import CheckpointError
-from dlrm.config import ConfigError, RunConfig
-from dlrm.dist import lost_a_rank, lost_peer
-from dlrm.elastic import newest_checkpoint, train_elastic
-from dlrm.launch import launched_elastic
-from dlrm.training_loop import TrainProgress, train
+from dlrm.app.config import ConfigError, RunConfig
+from dlrm.app.elastic import newest_checkpoint, train_elastic
+from dlrm.app.modes.training import TrainProgress, train
+from dlrm.checkpoint.format import CheckpointError
+from dlrm.distributed.launcher import launched_elastic
+from dlrm.distributed.membership import lost_a_rank, lost_peer
 from tests.unit.test_training_loop import STEPS, dataset, session, steps_saved
 
 __all__ = ["dataset"]  # the module fixture, shared

@@ -1,5 +1,5 @@
 """DlrmEmbeddingApply (dlrm/kernels/embedding_apply.cc) against a numpy reference of
-its semantics, and against dlrm/optimizers.py's TensorFlow path."""
+its semantics, and against dlrm/optim/optimizers.py's TensorFlow path."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 import tensorflow as tf
 
 from dlrm import kernels
-from dlrm.optimizers import Adagrad, Adam, Optimizer, Sgd
+from dlrm.optim.optimizers import Adagrad, Adam, Optimizer, Sgd
 
 SLOT_NAMES = {"sgd": (), "adagrad": ("accumulator",), "adam": ("m", "v")}
 EPSILON, BETA_1, BETA_2 = 1e-7, 0.9, 0.999
@@ -317,7 +317,7 @@ def test_a_row_with_a_zero_gradient_is_still_updated(library: Any) -> None:
 
 
 def test_adams_one_minus_beta_is_the_decimals(library: Any) -> None:
-    """1 - 0.999, as dlrm/optimizers.py computes it, not 1 - 0.999 rounded to float32
+    """1 - 0.999, as dlrm/optim/optimizers.py computes it, not 1 - 0.999 rounded to float32
     (0.99999871e-3, 1.3e-5 off, which a few training steps showed)."""
     case, _ = _tables_case("adam", [11], [5], 9)
     case.slots = [[np.zeros((11, 5), np.float32), np.zeros((11, 5), np.float32)]]
@@ -338,7 +338,7 @@ def test_no_pieces_change_nothing(library: Any) -> None:
 
 
 def _tensorflow_path(optimizer: Optimizer, case: Case) -> list[tf.Variable]:
-    """dlrm/optimizers.py's `_apply_sparse` of each table's IndexedSlices."""
+    """dlrm/optim/optimizers.py's `_apply_sparse` of each table's IndexedSlices."""
     tables = [tf.Variable(t, name=f"table{i}") for i, t in enumerate(case.tables)]
     optimizer.build(tables)
     optimizer.iterations.assign(2)  # Adam's third step: BETA_POWERS

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from dlrm.interaction import CHUNK_ROWS, CrossInteraction, DotInteraction, dot_interaction
+from dlrm.model.interaction import CHUNK_ROWS, CrossInteraction, DotInteraction, dot_interaction
 
 
 def reference(dense: np.ndarray, embeddings: np.ndarray) -> np.ndarray:

@@ -13,7 +13,7 @@ import tensorflow as tf
 
 from dlrm import kernels
 from dlrm.embedding.base import fused_lookup
-from dlrm.interaction import dot_interaction
+from dlrm.model.interaction import dot_interaction
 
 ROOT = Path(__file__).resolve().parents[2]
 # bfloat16 keeps 8 significant bits: results rounded once (the kernel) or after

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from dlrm.metrics import evaluate, roc_auc
+from dlrm.evaluation.metrics import evaluate, roc_auc
 from tests.unit.reference_metrics import reference_auc, reference_logloss
 
 

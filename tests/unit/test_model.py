@@ -7,7 +7,9 @@ import math
 import numpy as np
 import pytest
 
-from dlrm.model import Dlrm, LocalEmbeddings, ModelConfig
+from dlrm.embedding.local import LocalEmbeddings
+from dlrm.model.config import ModelConfig
+from dlrm.model.dlrm import Dlrm
 
 # Odd, tiny sizes (keras-rs style) so that shape bugs surface.
 CARDINALITIES = (23, 7, 11)
@@ -135,7 +137,7 @@ def test_model_config_errors_name_the_flags() -> None:
 def test_serving_takes_int64_ids_only_when_a_table_needs_them() -> None:
     import tensorflow as tf
 
-    from dlrm.export import serving_id_dtype
+    from dlrm.model.export import serving_id_dtype
 
     assert serving_id_dtype((23, 2**31)) == tf.int32  # ids up to 2^31 - 1
     assert serving_id_dtype((23, 2**31 + 1)) == tf.int64
@@ -143,7 +145,7 @@ def test_serving_takes_int64_ids_only_when_a_table_needs_them() -> None:
 
 def test_under_xla_the_dot_interaction_runs_whole_batch_products() -> None:
     """Its chunks only add buffers under XLA; the same weights give the same logits."""
-    from dlrm.interaction import CHUNK_ROWS
+    from dlrm.model.interaction import CHUNK_ROWS
 
     rng = np.random.default_rng(3)
     rows = CHUNK_ROWS + 5

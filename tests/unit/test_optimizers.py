@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from dlrm.optimizers import Adagrad, Adam, Sgd, create_optimizer
+from dlrm.optim.optimizers import Adagrad, Adam, Sgd, create_optimizer
 
 ROWS, DIM = 11, 7
 

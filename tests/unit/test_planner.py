@@ -9,19 +9,17 @@ from typing import Any
 
 import pytest
 
-from dlrm.embedding.planner import (
+from dlrm.embedding.planner.cost import replicated_gradient_exchange
+from dlrm.embedding.planner.placement import PlannerConfig, plan_sharding
+from dlrm.embedding.planner.plan import ShardingPlan, TablePlan
+from dlrm.embedding.planner.types import (
     COLUMN_WISE,
     DATA_PARALLEL,
     ROW_WISE,
     STRATEGIES,
     TABLE_WISE,
     PlanError,
-    PlannerConfig,
-    ShardingPlan,
-    TablePlan,
     TableSpec,
-    plan_sharding,
-    replicated_gradient_exchange,
 )
 from dlrm.embedding.shard import (
     ShardError,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from dlrm.precision import DynamicLossScale, bfloat16_note, choose_precision, matmul_gflops
+from dlrm.train.precision import DynamicLossScale, bfloat16_note, choose_precision, matmul_gflops
 
 
 def test_policy_per_device() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from dlrm.schedule import DlrmSchedule, ScheduleConfig
+from dlrm.train.schedule import DlrmSchedule, ScheduleConfig
 
 
 def values(config: ScheduleConfig, steps: range) -> np.ndarray:

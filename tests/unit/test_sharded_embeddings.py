@@ -21,15 +21,16 @@ from dataloading.files import RaggedIds
 from dataloading.split_binary import Batch
 from dlrm.embedding.base import EmbeddingGradients, Embeddings
 from dlrm.embedding.local import LocalEmbeddings
-from dlrm.embedding.planner import TableSpec
+from dlrm.embedding.planner.types import TableSpec
 from dlrm.embedding.shard import ShardingKind
 from dlrm.embedding.sharded import ShardedEmbeddings
 from dlrm.embedding.update import piece_slices
-from dlrm.model import Dlrm, ModelConfig
-from dlrm.optimizers import create_optimizer
-from dlrm.precision import choose_precision
-from dlrm.schedule import DlrmSchedule, ScheduleConfig
-from dlrm.trainer import Trainer
+from dlrm.model.config import ModelConfig
+from dlrm.model.dlrm import Dlrm
+from dlrm.optim.optimizers import create_optimizer
+from dlrm.train.precision import choose_precision
+from dlrm.train.schedule import DlrmSchedule, ScheduleConfig
+from dlrm.train.trainer import Trainer
 from tests.integration.scripts.hybrid_steps import DIM, plan_for
 from tests.unit.non_finite import nan_in_one_logit, nan_in_one_vector_gradient
 from tests.unit.simulated_ranks import Hub, SimulatedCollectives, run_ranks

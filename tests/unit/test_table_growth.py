@@ -20,15 +20,16 @@ import yaml
 
 from dataloading.errors import DatasetError
 from dataloading.synthetic import generate_split_binary
-from dlrm.checkpoint import Checkpoint, CheckpointError, list_checkpoints
-from dlrm.config import ConfigError, RunConfig
+from dlrm.app.assembly import Session, build_session, open_checkpoint
+from dlrm.app.config import ConfigError, RunConfig
+from dlrm.app.modes.training import train
+from dlrm.app.reporting import MetricsLog
+from dlrm.checkpoint.format import CheckpointError, list_checkpoints
+from dlrm.checkpoint.reader import Checkpoint
 from dlrm.embedding.base import read_rows
 from dlrm.embedding.initializer import initial_table_values
 from dlrm.embedding.shard import ShardingKind
-from dlrm.reporting import MetricsLog
-from dlrm.session import Session, build_session, open_checkpoint
-from dlrm.training_loop import train
-from dlrm.training_state import restore_training_state
+from dlrm.train.state import restore_training_state
 from feature_spec.vocabulary import METADATA_KEY, VocabularyLineage
 from tests.unit.simulated_ranks import SimulatedCollectives, run_ranks
 

@@ -15,16 +15,14 @@ import tensorflow as tf
 from dataloading.split_binary import Batch, ShardSpec, SplitBinaryDataset
 from dataloading.synthetic import generate_split_binary
 from dlrm import kernels
-from dlrm.checkpoint import Checkpoint, CheckpointError
-from dlrm.config import RunConfig
-from dlrm.reporting import MetricsLog
-from dlrm.session import Session, build_session
-from dlrm.trainer import REQUESTS, NonFiniteLossError
-from dlrm.training_state import (
-    check_model_matches,
-    restore_training_state,
-    save_training_state,
-)
+from dlrm.app.assembly import Session, build_session
+from dlrm.app.config import RunConfig
+from dlrm.app.reporting import MetricsLog
+from dlrm.checkpoint.format import CheckpointError
+from dlrm.checkpoint.model_state import check_model_matches
+from dlrm.checkpoint.reader import Checkpoint
+from dlrm.train.state import restore_training_state, save_training_state
+from dlrm.train.trainer import REQUESTS, NonFiniteLossError
 from tests.unit.non_finite import NAN, DenseForward, nan_in_one_logit, nan_in_one_vector_gradient
 
 CARDINALITIES = (23, 7, 11, 130, 5)

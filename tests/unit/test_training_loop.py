@@ -14,11 +14,12 @@ from typing import Any
 import pytest
 
 from dataloading.synthetic import generate_split_binary
-from dlrm.checkpoint import Checkpoint, CheckpointError, list_checkpoints
-from dlrm.config import RunConfig
-from dlrm.reporting import MetricsLog
-from dlrm.session import Session, build_session
-from dlrm.training_loop import train
+from dlrm.app.assembly import Session, build_session
+from dlrm.app.config import RunConfig
+from dlrm.app.modes.training import train
+from dlrm.app.reporting import MetricsLog
+from dlrm.checkpoint.format import CheckpointError, list_checkpoints
+from dlrm.checkpoint.reader import Checkpoint
 from tests.checkpoints import assert_identical
 
 CARDINALITIES = (23, 7, 11, 130, 5)

@@ -15,11 +15,13 @@ import time
 
 from absl import app
 
-from dlrm import checkpoint, cli
+from dlrm.app import cli
+from dlrm.checkpoint.reader import Checkpoint
+from dlrm.checkpoint.writer import CheckpointWriter
 
 TARGETS = {
-    "save": (checkpoint.CheckpointWriter, "add_table_shard"),
-    "restore": (checkpoint.Checkpoint, "restore_table_slice"),
+    "save": (CheckpointWriter, "add_table_shard"),
+    "restore": (Checkpoint, "restore_table_slice"),
 }
 
 

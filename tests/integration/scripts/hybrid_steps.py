@@ -18,7 +18,7 @@ interaction, with tables of unequal widths `CROSS_WIDTHS`), mean (every table
 pools a row's vectors by mean: with variable-length tables, by their count),
 chunks (the dense part over chunks of `CHUNK_ROWS` of a rank's rows, their
 gradients summed; otherwise the whole batch at once).
-Each run is a `RunConfig`, assembled by `dlrm.session.build_session` as
+Each run is a `RunConfig`, assembled by `dlrm.app.assembly.build_session` as
 `dlrm-train` assembles it (a placement other than the planner's is written as a
 `--sharding_plan` file): the model runs on the project's CPU kernels as
 `dlrm-train` on CPUs does, under xla all but the interaction's, which XLA's
@@ -35,19 +35,15 @@ from pathlib import Path
 import numpy as np
 
 from dataloading.split_binary import SplitBinaryDataset
-from dlrm.config import RunConfig
-from dlrm.dist import Collectives, create_collectives
-from dlrm.embedding.planner import (
-    PlannerConfig,
-    ShardingPlan,
-    TablePlan,
-    TableSpec,
-    plan_sharding,
-)
+from dlrm.app.assembly import build_session, planning_hotness
+from dlrm.app.config import RunConfig
+from dlrm.app.reporting import MetricsLog
+from dlrm.distributed.collectives import Collectives, create_collectives
+from dlrm.embedding.planner.placement import PlannerConfig, plan_sharding
+from dlrm.embedding.planner.plan import ShardingPlan, TablePlan
+from dlrm.embedding.planner.types import TableSpec
 from dlrm.embedding.shard import ShardingKind, TableShard
-from dlrm.optimizers import variable_name
-from dlrm.reporting import MetricsLog
-from dlrm.session import build_session, planning_hotness
+from dlrm.variables import variable_name
 from feature_spec import FeatureSpec
 
 DIM = 6

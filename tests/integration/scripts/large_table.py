@@ -28,13 +28,13 @@ import numpy as np
 import tensorflow as tf
 
 from dataloading.split_binary import Batch, ShardSpec, SplitBinaryDataset
-from dlrm.checkpoint import Checkpoint
-from dlrm.config import RunConfig
+from dlrm.app.assembly import Session, build_session
+from dlrm.app.config import RunConfig
+from dlrm.app.reporting import MetricsLog
+from dlrm.checkpoint.reader import Checkpoint
 from dlrm.embedding.base import assign_rows, read_rows
 from dlrm.embedding.initializer import initial_table_values
-from dlrm.reporting import MetricsLog
-from dlrm.session import Session, build_session
-from dlrm.training_state import restore_training_state, save_training_state
+from dlrm.train.state import restore_training_state, save_training_state
 
 BATCH = 16
 REFERENCE_ROWS = 32

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import tensorflow as tf
 
-from dlrm.dist import HorovodCollectives
+from dlrm.distributed.collectives import HorovodCollectives
 
 
 def main() -> None:

@@ -1,0 +1,1 @@
+"""One module per `--mode`: training (the loop), evaluation, inference and export."""

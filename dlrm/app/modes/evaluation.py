@@ -1,0 +1,52 @@
+"""`--mode eval`, and the evaluation the training loop runs: exact AUC, logloss
+and accuracy over the whole test split."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from dataloading.errors import DatasetError
+from dataloading.split_binary import (
+    LastBatch,
+    SplitBinaryDataset,
+)
+from dlrm.app.assembly import Session, restore_weights
+from dlrm.evaluation import metrics
+from dlrm.evaluation.evaluator import Evaluator
+from feature_spec import TEST_MAPPING
+
+
+def evaluate(session: Session) -> metrics.EvaluationResult:
+    """Exact AUC, logloss and accuracy over the whole test split."""
+    test = SplitBinaryDataset(
+        session.spec,
+        TEST_MAPPING,
+        session.shard(session.config.eval_batch_size),
+        last_batch=LastBatch.PAD,
+        check_batch_ids=session.config.check_ids,
+    )
+    if test.num_batches == 0:
+        raise DatasetError(f"{session.config.feature_spec_path}: the test split has no rows")
+    return Evaluator(session.predictor, session.collectives).evaluate(test)
+
+
+def eval_record(result: metrics.EvaluationResult) -> dict[str, Any]:
+    return {
+        "auc": result.auc,
+        "logloss": result.logloss,
+        "accuracy": result.accuracy,
+        "samples": result.samples,
+    }
+
+
+def run_eval(session: Session) -> dict[str, Any]:
+    config = session.config
+    if config.restore_checkpoint_path:
+        checkpoint = restore_weights(session, config.restore_checkpoint_path)
+        session.log.print(f"evaluating {checkpoint.path}")
+    else:
+        session.log.print("evaluating the untrained model (no --restore_checkpoint_path)")
+    start = time.perf_counter()
+    result = evaluate(session)
+    return {"mode": "eval", **eval_record(result), "wall_time_s": time.perf_counter() - start}

@@ -1,0 +1,261 @@
+"""Writing a checkpoint: every file streamed and hashed in row blocks into a
+staging directory, published by one rename with its manifest, older ones pruned."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import io
+import json
+import os
+import shutil
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import numpy as np
+
+from dlrm.checkpoint.format import (
+    DENSE_FILE,
+    FORMAT_VERSION,
+    MANIFEST,
+    CheckpointError,
+    RowReader,
+    StoredShard,
+    StoredTable,
+    list_checkpoints,
+    sha256_of_file,
+    shard_file_name,
+    step_directory_name,
+)
+from dlrm.embedding.planner.plan import ShardingPlan
+from dlrm.embedding.planner.types import PlanError
+from dlrm.embedding.shard import (
+    ROW_BLOCK_BYTES,
+    ShardError,
+    TableShard,
+    check_disjoint,
+)
+from feature_spec.staged import publish, staging_path, start_staging
+
+
+def _fsync(path: Path) -> None:
+    with path.open("rb") as handle:
+        os.fsync(handle.fileno())
+
+
+def _write_npy_rows(
+    handle: BinaryIO,
+    what: str,
+    source: np.ndarray | RowReader,
+    shape: tuple[int, int],
+    block_rows: int,
+) -> dict[str, Any]:
+    """Writes float32 `shape` from `source` as a C-order `.npy` file (the bytes
+    `np.save` writes), `block_rows` rows at a time; returns its sha256 and size."""
+    header = io.BytesIO()
+    np.lib.format.write_array_header_1_0(
+        header,
+        {
+            "descr": np.lib.format.dtype_to_descr(np.dtype(np.float32)),
+            "fortran_order": False,
+            "shape": shape,
+        },
+    )
+    digest = hashlib.sha256(header.getvalue())
+    size = handle.write(header.getvalue())
+    rows, width = shape
+    for start in range(0, rows, block_rows):
+        stop = min(start + block_rows, rows)
+        if isinstance(source, np.ndarray):
+            block = np.ascontiguousarray(source[start:stop], np.float32)
+        else:
+            block = np.ascontiguousarray(source(start, stop), np.float32)
+            if block.shape != (stop - start, width):
+                raise CheckpointError(
+                    f"{what}: rows [{start}, {stop}) read as shape {block.shape}, expected "
+                    f"{(stop - start, width)}"
+                )
+        data = block.data.cast("B")
+        digest.update(data)
+        size += handle.write(data)
+        del block, data  # before the next block is read
+    return {"sha256": digest.hexdigest(), "bytes": size}
+
+
+def _placed(shards: Iterable[TableShard]) -> list[str]:
+    """`['table_0.rows_0_23.cols_0_4 (column_wise, rank 0)', ...]`, sorted."""
+    return sorted(f"{s.name} ({s.kind}, rank {s.rank})" for s in shards)
+
+
+class CheckpointWriter:
+    """Builds one checkpoint in a staging directory; `commit` publishes it.
+
+    Usage: `add_dense(...)`, `add_table_shard(...)` for each shard, then
+    `commit(manifest_fields)`. Nothing is visible under `root` before `commit`.
+    """
+
+    def __init__(self, root: str | os.PathLike[str], step: int, create: bool = True) -> None:
+        """`create`: start a fresh staging directory (rank 0, or the only
+        process); other ranks open the one rank 0 created."""
+        self.root = Path(root)
+        self.step = step
+        self.final = self.root / step_directory_name(step)
+        self.staging = staging_path(self.final)
+        if create:
+            start_staging(self.final, overwrite=True)
+            (self.staging / "embeddings").mkdir()
+        self._files: dict[str, dict[str, Any]] = {}
+        self._tables: dict[int, StoredTable] = {}
+
+    def contents(self) -> dict[str, Any]:
+        """What this writer added: `files` with their checksums, and `tables`
+        (table -> `StoredTable` of the shards it wrote); rank 0 gathers every
+        rank's before `commit`."""
+        return {"files": dict(self._files), "tables": dict(self._tables)}
+
+    def _written(self, relative: str, checksum: dict[str, Any] | None = None) -> None:
+        """Syncs a finished file and records its checksum (`checksum` when its
+        bytes were hashed as they were written, else read back)."""
+        path = self.staging / relative
+        _fsync(path)
+        if checksum is None:
+            checksum = {"sha256": sha256_of_file(path), "bytes": path.stat().st_size}
+        self._files[relative] = checksum
+
+    def add_dense(self, arrays: Mapping[str, np.ndarray]) -> None:
+        """Dense weights, their slots and counters, by name."""
+        path = self.staging / DENSE_FILE
+        with path.open("wb") as handle:
+            named: dict[str, Any] = {name: np.asarray(value) for name, value in arrays.items()}
+            np.savez(handle, **named)
+        self._written(DENSE_FILE)
+
+    def add_table_shard(
+        self,
+        shard: TableShard,
+        table_shape: tuple[int, int],
+        values: np.ndarray | RowReader,
+        slots: Mapping[str, np.ndarray | RowReader],
+        block_bytes: int = ROW_BLOCK_BYTES,
+    ) -> None:
+        """One shard of table `shard.table` (whole shape `table_shape`) and its
+        optimizer slots, each [shard.height, shard.width], stored as float32.
+
+        Each of `values` and `slots` is an array (a memory map too) or a
+        `RowReader`; either is written, and hashed, in row blocks of about
+        `block_bytes`, one file after the other, so that writing holds one block
+        besides what the caller holds. The files are `np.save`'s, byte for byte.
+        """
+        if block_bytes < 1:
+            raise ValueError(f"block_bytes must be positive, got {block_bytes}")
+        table_shape = (int(table_shape[0]), int(table_shape[1]))
+        if not shard.fits(table_shape):
+            raise CheckpointError(
+                f"{shard.name}: {shard.describe()} lie outside table {shard.table} of shape "
+                f"{list(table_shape)}"
+            )
+        expected = (shard.height, shard.width)
+        for name, array in [("values", values), *slots.items()]:
+            if isinstance(array, np.ndarray) and tuple(array.shape) != expected:
+                raise CheckpointError(
+                    f"{shard.name}: {name} has shape {tuple(array.shape)}, expected {expected}"
+                )
+        entry = self._tables.get(shard.table, StoredTable(shard.table, table_shape, ()))
+        if entry.shape != table_shape:
+            raise CheckpointError(
+                f"{shard.name}: table shape {list(table_shape)}, an earlier shard of table "
+                f"{shard.table} said {list(entry.shape)}"
+            )
+        base = shard_file_name(shard)
+        block_rows = max(1, block_bytes // (4 * max(shard.width, 1)))
+        files = {"values": f"{base}.npy", **{slot: f"{base}.{slot}.npy" for slot in slots}}
+        for name, source in [("values", values), *slots.items()]:
+            relative = files[name]
+            with (self.staging / relative).open("wb") as handle:
+                checksum = _write_npy_rows(
+                    handle, f"{shard.name} {name}", source, expected, block_rows
+                )
+            self._written(relative, checksum)
+        stored = StoredShard(shard, files["values"], {slot: files[slot] for slot in slots})
+        self._tables[shard.table] = dataclasses.replace(entry, shards=(*entry.shards, stored))
+
+    def _plan_without_shards(
+        self, data: Mapping[str, Any], tables: Sequence[StoredTable]
+    ) -> dict[str, Any]:
+        """The plan `data` as the manifest stores it, without its shards, after
+        checking that the shards written are the plan's: every shard of a
+        model-parallel table, rank 0's copy of a data-parallel one."""
+        try:
+            plan = ShardingPlan.from_dict(data)
+        except PlanError as error:
+            raise CheckpointError(f"{self.staging}: the manifest's plan: {error}") from error
+        written = {t.table: {stored.shard for stored in t.shards} for t in tables}
+        for table in sorted({t.table for t in plan.tables} | set(written)):
+            planned = plan.tables[table].shards if table < len(plan.tables) else ()
+            expected = {s for s in planned if s.kind.is_model_parallel or s.rank == 0}
+            if written.get(table, set()) != expected:
+                raise CheckpointError(
+                    f"{self.staging}: table {table}: the plan needs shards "
+                    f"{_placed(expected)} written, the ranks wrote "
+                    f"{_placed(written.get(table, set()))}"
+                )
+        return plan.to_dict(with_shards=False)
+
+    def commit(
+        self,
+        fields: Mapping[str, Any],
+        keep: int = 0,
+        gathered: Sequence[Mapping[str, Any]] | None = None,
+    ) -> Path:
+        """Writes the manifest (with checksums), publishes, prunes old checkpoints.
+
+        Args:
+            fields: JSON-serialisable manifest entries (config, model, optimizer, ...).
+                A `plan` (`ShardingPlan.to_dict()`, or None) is stored without its
+                shards, which must be those written: the manifest lists them once.
+            keep: keep this many newest checkpoints under `root` (0: keep all).
+            gathered: every rank's `contents()` when several ranks wrote into
+                the staging directory; this writer's own by default.
+
+        Raises:
+            CheckpointError: ranks wrote a table with different shapes, shards
+                overlap, or the shards written are not the plan's; nothing is
+                published then.
+        """
+        files: dict[str, Any] = {}
+        tables: dict[int, StoredTable] = {}
+        for part in gathered if gathered is not None else [self.contents()]:
+            files.update(part["files"])
+            for table, entry in part["tables"].items():
+                merged = tables.setdefault(table, dataclasses.replace(entry, shards=()))
+                if merged.shape != entry.shape:
+                    raise CheckpointError(
+                        f"{self.staging}: ranks wrote table {table} with shapes "
+                        f"{list(merged.shape)} and {list(entry.shape)}"
+                    )
+                tables[table] = dataclasses.replace(merged, shards=merged.shards + entry.shards)
+        stored = [tables[t].in_order() for t in sorted(tables)]
+        for entry in stored:
+            try:
+                check_disjoint(entry.table, entry.shape, [s.shard for s in entry.shards])
+            except ShardError as error:
+                raise CheckpointError(f"{self.staging}: {error}") from error
+        manifest = {
+            "format_version": FORMAT_VERSION,
+            "step": self.step,
+            **fields,
+            "tables": [entry.to_dict() for entry in stored],
+            "files": {name: files[name] for name in sorted(files)},
+        }
+        if fields.get("plan") is not None:
+            manifest["plan"] = self._plan_without_shards(fields["plan"], stored)
+        manifest_path = self.staging / MANIFEST
+        manifest_path.write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
+        _fsync(manifest_path)
+        publish(self.staging, self.final)
+        if keep > 0:
+            for old in list_checkpoints(self.root)[:-keep]:
+                if old != self.final:
+                    shutil.rmtree(old, ignore_errors=True)
+        return self.final

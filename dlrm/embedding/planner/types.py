@@ -1,0 +1,71 @@
+"""The planner's vocabulary: the sharding kinds, strategies and default
+thresholds, a table as the planner sees it, and its error."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from dlrm.embedding.shard import ShardingKind
+
+DATA_PARALLEL = ShardingKind.DATA_PARALLEL
+
+
+TABLE_WISE = ShardingKind.TABLE_WISE
+
+
+COLUMN_WISE = ShardingKind.COLUMN_WISE
+
+
+ROW_WISE = ShardingKind.ROW_WISE
+
+
+STRATEGIES = ("cost", "memory_balanced", "basic")
+
+
+# Defaults, in elements (rows x dim); docs/sharding.md explains them for Criteo.
+# Up to 8192 x 128 (4 MiB in float32): cheaper to replicate and allreduce than to
+# send every sample's vector through the alltoall.
+DEFAULT_DATA_PARALLEL_THRESHOLD = 8192 * 128
+
+
+# Above 2^30 (4 GiB in float32; at dim 128, Criteo's five tables of 25 M rows and
+# more): sliced by columns, which spreads memory and lookups without adding traffic.
+DEFAULT_COLUMN_SLICE_THRESHOLD = 2**30
+
+
+# Above 2^33 (32 GiB in float32, larger than any Criteo table): split by rows.
+# Smaller tables go row-wise only when they do not fit a rank's budget otherwise.
+DEFAULT_ROW_SLICE_THRESHOLD = 2**33
+
+
+# Gradient exchange of replicated tables is costed at this global batch when the
+# caller gives none (NVIDIA's default --batch_size).
+DEFAULT_GLOBAL_BATCH_SIZE = 65536
+
+
+class PlanError(ValueError):
+    """A table or the model does not fit, or a plan is invalid for this run."""
+
+
+@dataclasses.dataclass(frozen=True)
+class TableSpec:
+    """One embedding table as the planner sees it: `rows` x `dim` elements of
+    `dtype_bytes` bytes, `hotness` ids per sample (pooled)."""
+
+    rows: int
+    dim: int
+    hotness: int = 1
+    dtype_bytes: int = 4
+
+    def __post_init__(self) -> None:
+        for name in ("rows", "dim", "hotness", "dtype_bytes"):
+            if getattr(self, name) < 1:
+                raise PlanError(f"table {name}: expected >= 1, got {getattr(self, name)}")
+
+    @property
+    def elements(self) -> int:
+        return self.rows * self.dim
+
+    def memory_bytes(self, optimizer_slots: int = 0) -> int:
+        """Bytes of the whole table with its optimizer slots."""
+        return self.elements * self.dtype_bytes * (1 + optimizer_slots)

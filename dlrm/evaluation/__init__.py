@@ -1,0 +1,1 @@
+"""Prediction over batches and exact evaluation metrics over a whole split."""

@@ -1,0 +1,117 @@
+"""The model's architecture as data (no TensorFlow): `ModelConfig`, the
+choices it takes, and what an old checkpoint's manifest means by a field it lacks."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+INTERACTIONS = ("dot", "cross")
+POOLINGS = ("sum", "mean")
+
+
+# What a checkpoint manifest written before a field existed means by it.
+LEGACY_VALUES: dict[str, Any] = {
+    "interaction": "dot",
+    "num_cross_layers": 0,
+    "cross_layer_projection_dim": 0,
+    "pooling": "sum",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    """The architecture. Table sizes come from the FeatureSpec, never from flags.
+
+    `embedding_dim` is one width for every table, or one per table (`cross`
+    only; a tuple of equal widths is stored as the one width). The cross fields
+    are 0 for the `dot` interaction, which has no cross layers;
+    `cross_layer_projection_dim` 0 means full-rank cross layers. `hotness` is
+    ids per row per table, 0 for a variable number; `pooling` ("sum" or "mean",
+    one, or one per table) how a row's vectors are pooled.
+
+    The settings' values are validated where they enter, as flags (`RunConfig`);
+    here only what needs the dataset's tables: one value, or one per table.
+    """
+
+    num_numerical: int
+    cardinalities: tuple[int, ...]
+    hotness: tuple[int, ...]
+    embedding_dim: int | tuple[int, ...] = 128
+    bottom_mlp_dims: tuple[int, ...] = (512, 256, 128)
+    top_mlp_dims: tuple[int, ...] = (1024, 1024, 512, 256, 1)
+    interaction: str = "dot"
+    num_cross_layers: int = 0
+    cross_layer_projection_dim: int = 0
+    pooling: str | tuple[str, ...] = "sum"
+
+    def __post_init__(self) -> None:
+        pooling = self.pooling
+        if isinstance(pooling, (tuple, list)):
+            if len(pooling) not in (1, len(self.cardinalities)):
+                raise ValueError(
+                    f"--pooling: expected one value or one per table (the FeatureSpec has "
+                    f"{len(self.cardinalities)} categorical features), got {len(pooling)}: "
+                    f"{','.join(pooling)}"
+                )
+            pooling = pooling[0] if len(set(pooling)) == 1 else tuple(pooling)
+            object.__setattr__(self, "pooling", pooling)
+        dims = self.embedding_dim
+        if isinstance(dims, (tuple, list)):
+            if len(dims) not in (1, len(self.cardinalities)):
+                raise ValueError(
+                    f"--embedding_dim: expected one width or one per table (the FeatureSpec "
+                    f"has {len(self.cardinalities)} categorical features), got {len(dims)}: "
+                    f"{','.join(map(str, dims))}"
+                )
+            if len(set(dims)) == 1:
+                object.__setattr__(self, "embedding_dim", int(dims[0]))
+            else:
+                object.__setattr__(self, "embedding_dim", tuple(int(d) for d in dims))
+        if self.interaction == "dot" and (self.num_cross_layers or self.cross_layer_projection_dim):
+            raise ValueError(
+                "num_cross_layers, cross_layer_projection_dim: expected 0 for the dot "
+                f"interaction, got {self.num_cross_layers} and {self.cross_layer_projection_dim}"
+            )
+        if len(self.hotness) != len(self.cardinalities):
+            raise ValueError(
+                f"hotness: expected one value per table ({len(self.cardinalities)}), "
+                f"got {len(self.hotness)}"
+            )
+
+    @property
+    def embedding_dims(self) -> tuple[int, ...]:
+        """The width of each table."""
+        if isinstance(self.embedding_dim, tuple):
+            return self.embedding_dim
+        return (self.embedding_dim,) * len(self.cardinalities)
+
+    @property
+    def poolings(self) -> tuple[str, ...]:
+        """How each table pools a row's vectors."""
+        if isinstance(self.pooling, tuple):
+            return self.pooling
+        return (self.pooling,) * len(self.cardinalities)
+
+    @property
+    def interaction_width(self) -> int:
+        """Inputs of the top MLP."""
+        dense = self.bottom_mlp_dims[-1] if self.bottom_mlp_dims else self.num_numerical
+        if self.interaction == "cross":
+            return dense + sum(self.embedding_dims)
+        vectors = len(self.cardinalities) + 1
+        return dense + vectors * (vectors - 1) // 2
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-friendly (lists, not tuples), as stored in checkpoint manifests."""
+        return {
+            key: list(value) if isinstance(value, tuple) else value
+            for key, value in dataclasses.asdict(self).items()
+        }
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> ModelConfig:
+        converted: dict[str, Any] = {
+            key: tuple(value) if isinstance(value, list) else value for key, value in values.items()
+        }
+        return cls(**converted)

@@ -1,0 +1,271 @@
+"""SGD, Adagrad and Adam: dense updates for the MLPs, row updates for embeddings.
+
+Each optimizer is a rule with per-variable slots. The dense weights are updated
+by TensorFlow's fused training kernels (`tf.raw_ops.ResourceApply*`, the same
+kernels TensorFlow's own optimizers used before Keras 3). Embedding tables are
+updated on the rows a step looked up only, so a step costs O(batch) for a table
+of any size: by the project's `DlrmEmbeddingApply` kernel
+(`dlrm.embedding.update`, with `kernel_rule` and `bias_correction_powers`), or
+by `apply_rows` on row-sparse `tf.IndexedSlices` with TensorFlow's ops, the
+same computation. Sparse Adam is "lazy" (moments of untouched rows do not
+decay), as NVIDIA's reference uses for embeddings.
+
+Why not Keras 3 optimizers: they keep slots in their own structure keyed by
+variable order, which the sharded checkpoints (one file per table shard, with
+its slots beside it, resharded on restore) cannot address, and their Adam and
+Adagrad turn `IndexedSlices` into dense [rows, D] updates.
+
+Slots are named after the variable's path, so checkpoints can store and
+restore them per variable.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Sequence
+from typing import Any
+
+import tensorflow as tf
+
+from dlrm.optim.config import OPTIMIZERS
+from dlrm.variables import resource_variable, variable_name
+
+
+def _deduplicate(gradient: tf.IndexedSlices) -> tuple[tf.Tensor, tf.Tensor]:
+    """Unique row indices and their summed gradient rows.
+
+    Adagrad's and Adam's fused sparse kernels apply duplicate indices one after
+    the other, which is not the update of the summed gradient.
+    """
+    unique, positions = tf.unique(gradient.indices)
+    summed = tf.math.unsorted_segment_sum(gradient.values, positions, tf.shape(unique)[0])
+    return unique, summed
+
+
+class Optimizer(abc.ABC):
+    """Applies gradients to variables, with per-variable slots.
+
+    Call `build(variables)` eagerly once; then, every step (inside tf.function),
+    the embedding rows' update (`apply_rows`, or the kernel with `kernel_rule`)
+    before `apply` of the dense gradients, which ends the step: `iterations`
+    counts applied steps (Adam's bias correction) and `apply` adds one.
+    """
+
+    name: str = ""
+    slot_names: tuple[str, ...] = ()
+
+    def __init__(self) -> None:
+        self.iterations = tf.Variable(0, dtype=tf.int64, trainable=False, name="iterations")
+        self._slots: dict[str, dict[str, tf.Variable]] = {}
+
+    def build(self, variables: Sequence[Any]) -> None:
+        for variable in variables:
+            name = variable_name(variable)
+            if name in self._slots:
+                continue
+            self._slots[name] = {
+                slot: tf.Variable(
+                    tf.fill(variable.shape, self._slot_initial_value(slot)),
+                    trainable=False,
+                    name=f"{name.replace('/', '.')}.{slot}",
+                )
+                for slot in self.slot_names
+            }
+
+    def _slot_initial_value(self, slot: str) -> float:
+        return 0.0
+
+    def slots(self, variable: Any) -> dict[str, tf.Variable]:
+        """Slot name -> slot variable of `variable` (empty for SGD)."""
+        return self._slots[variable_name(variable)]
+
+    def apply(
+        self, gradients: Sequence[Any], variables: Sequence[Any], learning_rate: tf.Tensor
+    ) -> None:
+        """One update of every variable from its gradient (dense, or
+        `tf.IndexedSlices`: `apply_rows`), and the end of the step."""
+        learning_rate = tf.cast(learning_rate, tf.float32)
+        for gradient, variable in zip(gradients, variables, strict=True):
+            if gradient is None:
+                continue
+            if isinstance(gradient, tf.IndexedSlices):
+                self.apply_rows(variable, gradient, learning_rate)
+            else:
+                resource = resource_variable(variable)
+                slots = self.slots(variable)
+                self._apply_dense(resource, tf.convert_to_tensor(gradient), learning_rate, slots)
+        self.iterations.assign_add(1)
+
+    def apply_rows(self, variable: Any, gradient: tf.IndexedSlices, learning_rate: Any) -> None:
+        """The rule on the rows of `variable` that `gradient` names, with
+        TensorFlow's ops: duplicate rows are summed first, and each row is updated
+        once. Does not end the step (`apply` does)."""
+        self._apply_sparse(
+            resource_variable(variable),
+            gradient,
+            tf.cast(learning_rate, tf.float32),
+            self.slots(variable),
+        )
+
+    def kernel_rule(self) -> dict[str, Any]:
+        """The rule as `DlrmEmbeddingApply`'s attributes (dlrm.embedding.update)."""
+        return {"optimizer": self.name}
+
+    def bias_correction_powers(self) -> tuple[tf.Tensor, tf.Tensor]:
+        """(beta_1^t, beta_2^t) of this step (Adam's; ones for the others)."""
+        return tf.constant(1.0), tf.constant(1.0)
+
+    @abc.abstractmethod
+    def _apply_dense(
+        self, variable: tf.Variable, gradient: tf.Tensor, lr: tf.Tensor, slots: dict[str, Any]
+    ) -> None: ...
+
+    @abc.abstractmethod
+    def _apply_sparse(
+        self,
+        variable: tf.Variable,
+        gradient: tf.IndexedSlices,
+        lr: tf.Tensor,
+        slots: dict[str, Any],
+    ) -> None: ...
+
+    # ------------------------------------------------------------ checkpoints
+
+    def hyperparameters(self) -> dict[str, Any]:
+        return {"name": self.name}
+
+
+class Sgd(Optimizer):
+    """Plain SGD: w -= lr * g (no momentum, as the reference DLRM)."""
+
+    name = "sgd"
+
+    def _apply_dense(self, variable, gradient, lr, slots):  # type: ignore[no-untyped-def]
+        tf.raw_ops.ResourceApplyGradientDescent(var=variable.handle, alpha=lr, delta=gradient)
+
+    def _apply_sparse(self, variable, gradient, lr, slots):  # type: ignore[no-untyped-def]
+        # Scatter-sub adds up duplicate indices, which is the summed gradient's update.
+        variable.scatter_sub(tf.IndexedSlices(gradient.values * lr, gradient.indices))
+
+
+class Adagrad(Optimizer):
+    """Adagrad: accumulator += g^2; w -= lr * g / (sqrt(accumulator) + epsilon)."""
+
+    name = "adagrad"
+    slot_names = ("accumulator",)
+
+    def __init__(self, initial_accumulator_value: float = 0.1, epsilon: float = 1e-7) -> None:
+        super().__init__()
+        self.initial_accumulator_value = initial_accumulator_value
+        self.epsilon = epsilon
+
+    def _slot_initial_value(self, slot: str) -> float:
+        return self.initial_accumulator_value
+
+    def hyperparameters(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "initial_accumulator_value": self.initial_accumulator_value,
+            "epsilon": self.epsilon,
+        }
+
+    def kernel_rule(self) -> dict[str, Any]:
+        return {"optimizer": self.name, "epsilon": self.epsilon}
+
+    def _apply_dense(self, variable, gradient, lr, slots):  # type: ignore[no-untyped-def]
+        tf.raw_ops.ResourceApplyAdagradV2(
+            var=variable.handle,
+            accum=slots["accumulator"].handle,
+            lr=lr,
+            epsilon=self.epsilon,
+            grad=gradient,
+        )
+
+    def _apply_sparse(self, variable, gradient, lr, slots):  # type: ignore[no-untyped-def]
+        indices, values = _deduplicate(gradient)
+        tf.raw_ops.ResourceSparseApplyAdagradV2(
+            var=variable.handle,
+            accum=slots["accumulator"].handle,
+            lr=lr,
+            epsilon=self.epsilon,
+            grad=values,
+            indices=indices,
+        )
+
+
+class Adam(Optimizer):
+    """Adam; rows of sparse gradients are updated lazily (untouched rows keep
+    their moments), dense gradients as usual."""
+
+    name = "adam"
+    slot_names = ("m", "v")
+
+    def __init__(self, beta_1: float = 0.9, beta_2: float = 0.999, epsilon: float = 1e-7) -> None:
+        super().__init__()
+        self.beta_1 = beta_1
+        self.beta_2 = beta_2
+        self.epsilon = epsilon
+
+    def hyperparameters(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "beta_1": self.beta_1,
+            "beta_2": self.beta_2,
+            "epsilon": self.epsilon,
+        }
+
+    def kernel_rule(self) -> dict[str, Any]:
+        return {
+            "optimizer": self.name,
+            "beta_1": self.beta_1,
+            "beta_2": self.beta_2,
+            "epsilon": self.epsilon,
+        }
+
+    def bias_correction_powers(self) -> tuple[tf.Tensor, tf.Tensor]:
+        return self._powers()
+
+    def _powers(self) -> tuple[tf.Tensor, tf.Tensor]:
+        step = tf.cast(self.iterations + 1, tf.float32)
+        return tf.pow(self.beta_1, step), tf.pow(self.beta_2, step)
+
+    def _apply_dense(self, variable, gradient, lr, slots):  # type: ignore[no-untyped-def]
+        beta_1_power, beta_2_power = self._powers()
+        tf.raw_ops.ResourceApplyAdam(
+            var=variable.handle,
+            m=slots["m"].handle,
+            v=slots["v"].handle,
+            beta1_power=beta_1_power,
+            beta2_power=beta_2_power,
+            lr=lr,
+            beta1=self.beta_1,
+            beta2=self.beta_2,
+            epsilon=self.epsilon,
+            grad=gradient,
+        )
+
+    def _apply_sparse(self, variable, gradient, lr, slots):  # type: ignore[no-untyped-def]
+        indices, values = _deduplicate(gradient)
+        beta_1_power, beta_2_power = self._powers()
+        m = self.beta_1 * tf.gather(slots["m"], indices) + (1.0 - self.beta_1) * values
+        v = self.beta_2 * tf.gather(slots["v"], indices) + (1.0 - self.beta_2) * values * values
+        step_size = lr * tf.sqrt(1.0 - beta_2_power) / (1.0 - beta_1_power)
+        # The same update as ResourceApplyAdam, restricted to the rows in `indices`.
+        update = step_size * m / (tf.sqrt(v) + self.epsilon)
+        slots["m"].scatter_update(tf.IndexedSlices(m, indices))
+        slots["v"].scatter_update(tf.IndexedSlices(v, indices))
+        variable.scatter_sub(tf.IndexedSlices(update, indices))
+
+
+def optimizer_class(name: str) -> type[Optimizer]:
+    """The optimizer an `--optimizer` value names (its `slot_names` tell the
+    planner how much memory its slots take)."""
+    for cls in (Sgd, Adagrad, Adam):
+        if cls.name == name:
+            return cls
+    raise ValueError(f"--optimizer: expected one of {', '.join(OPTIMIZERS)}, got {name!r}")
+
+
+def create_optimizer(name: str) -> Optimizer:
+    """`--optimizer` value -> a fresh optimizer with the default hyperparameters."""
+    return optimizer_class(name)()
