@@ -43,7 +43,7 @@ import tensorflow as tf
 from benchmarks.collective_time import exposed, timeline_seconds
 from dataloading.split_binary import ShardSpec, SplitBinaryDataset
 from dataloading.synthetic import generate_split_binary
-from dlrm.app.assembly import build_session, model_config_for
+from dlrm.app.assembly import assemble_run, model_config_for
 from dlrm.app.config import RunConfig
 from dlrm.app.reporting import MetricsLog
 from dlrm.distributed.collectives import create_collectives
@@ -113,7 +113,7 @@ def time_variant(
         xla=xla,
         interaction=interaction,
     )
-    session = build_session(config, MetricsLog(None, None, console=io.StringIO()))
+    session = assemble_run(config, MetricsLog(None, None, console=io.StringIO()))
     assert session.trainer is not None and session.spec is not None
     data = SplitBinaryDataset(session.spec, "train", ShardSpec(batch_size))
     batches = list(data.to_tf_dataset().take(steps + warmup))
@@ -140,7 +140,7 @@ def rank_worker(
     collectives = create_collectives()
     config = RunConfig(dataset_path=str(dataset), batch_size=batch_size, amp=amp)
     log = MetricsLog(None, None, console=io.StringIO())
-    session = build_session(config, log, collectives)
+    session = assemble_run(config, log, collectives)
     assert session.trainer is not None and session.spec is not None
     data = SplitBinaryDataset(session.spec, "train", session.shard(batch_size))
     batches = list(data.to_tf_dataset().take(steps + warmup))

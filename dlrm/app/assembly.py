@@ -1,6 +1,6 @@
 """Assembling a run: the dataset's FeatureSpec, the model (sharded over the
 ranks by a plan when there are several), the trainer and the predictor, from a
-validated `RunConfig`. Benchmarks and tests build their sessions here too, so
+validated `RunConfig`. Benchmarks and tests build their runs here too, so
 what they run is what `dlrm-train` runs.
 """
 
@@ -88,7 +88,7 @@ def kernels_apply(config: RunConfig, model_config: ModelConfig, log: MetricsLog)
 
 
 @dataclasses.dataclass
-class Session:
+class AssembledRun:
     """What every mode shares: config, dataset spec, model, predictor, and the
     trainer when training."""
 
@@ -205,9 +205,9 @@ def agreement_facts(
     }
 
 
-def build_session(
+def assemble_run(
     config: RunConfig, log: MetricsLog, collectives: Collectives | None = None
-) -> Session:
+) -> AssembledRun:
     """Dataset spec, model (sharded when there are several ranks) and trainer."""
     collectives = collectives or Collectives()
     spec = FeatureSpec.load(config.feature_spec_path)
@@ -288,7 +288,7 @@ def build_session(
     predictor = Predictor(model, use_xla=config.xla, dense_chunk_rows=dense_chunk_rows)
     # Every rank starts from rank 0's dense weights (tables are initialised as slices).
     collectives.broadcast_variables(model.dense_variables)
-    return Session(
+    return AssembledRun(
         config,
         spec,
         model_config,
@@ -304,19 +304,19 @@ def build_session(
     )
 
 
-def open_checkpoint(session: Session, path: str) -> Checkpoint:
+def open_checkpoint(run: AssembledRun, path: str) -> Checkpoint:
     """Opens `path` and checks it fits this run's model; its tables may have fewer
     rows when this dataset's vocabulary extends the checkpoint's (they grow)."""
     checkpoint = Checkpoint(path)
-    check_model_matches(checkpoint, session.model_config.to_dict(), session.vocabulary)
+    check_model_matches(checkpoint, run.model_config.to_dict(), run.vocabulary)
     return checkpoint
 
 
-def restore_weights(session: Session, path: str) -> Checkpoint:
+def restore_weights(run: AssembledRun, path: str) -> Checkpoint:
     def restore() -> Checkpoint:
-        checkpoint = open_checkpoint(session, path)
-        restore_model_weights(session.model, checkpoint)
+        checkpoint = open_checkpoint(run, path)
+        restore_model_weights(run.model, checkpoint)
         return checkpoint
 
-    checkpoint: Checkpoint = restore_on_every_rank(session.collectives, path, restore)
+    checkpoint: Checkpoint = restore_on_every_rank(run.collectives, path, restore)
     return checkpoint

@@ -64,7 +64,7 @@ def main(argv: list[str]) -> int:
         return 2
     quiet_logs(bool(FLAGS["verbosity"].present) and FLAGS.verbosity >= 0)
     from dataloading.errors import DatasetError
-    from dlrm.app.dispatch import run
+    from dlrm.app.dispatch import run_mode
     from dlrm.checkpoint.format import CheckpointError
     from dlrm.distributed.agreement import RankMismatchError
     from dlrm.embedding.planner.types import PlanError
@@ -72,7 +72,7 @@ def main(argv: list[str]) -> int:
     from feature_spec import FeatureSpecError
 
     try:
-        summary = run(config)
+        summary = run_mode(config)
     except ConfigError as error:  # settings that only the run can check (world size)
         _error(f"invalid flags: {error}", True)
         return 2

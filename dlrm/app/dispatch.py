@@ -1,14 +1,13 @@
 """The application behind `dlrm-train` (`main.py`): runs one mode of a validated
-`RunConfig` and reports its summary. Each job has its module: assembling a
-session (`dlrm.app.assembly`), the training loop (`dlrm.app.modes.training`), and the
-evaluation, inference and export modes (`dlrm.app.modes`).
+`RunConfig` and reports its summary. Assembling a run is `dlrm.app.assembly`'s
+job; each mode has its module in `dlrm.app.modes` (training: the loop).
 """
 
 from __future__ import annotations
 
 from typing import Any, TextIO
 
-from dlrm.app.assembly import build_session
+from dlrm.app.assembly import assemble_run
 from dlrm.app.config import ConfigError, RunConfig, check_world_size
 from dlrm.app.modes.evaluation import run_eval
 from dlrm.app.modes.export import run_export
@@ -19,7 +18,7 @@ from dlrm.distributed.collectives import Collectives, create_collectives
 from dlrm.distributed.launcher import launched_by_horovod, launched_elastic
 
 
-def run(config: RunConfig, console: TextIO | None = None) -> dict[str, Any]:
+def run_mode(config: RunConfig, console: TextIO | None = None) -> dict[str, Any]:
     """Runs `config.mode`; returns the summary record (also logged by rank 0)."""
     if config.mode == "export" and launched_by_horovod():
         raise ConfigError(
@@ -47,13 +46,13 @@ def run(config: RunConfig, console: TextIO | None = None) -> dict[str, Any]:
         if config.mode == "export":
             summary = run_export(config, log)
         else:
-            session = build_session(config, log, collectives)
+            run = assemble_run(config, log, collectives)
             if config.mode == "train":
-                summary = train(session)
+                summary = train(run)
             elif config.mode == "eval":
-                summary = run_eval(session)
+                summary = run_eval(run)
             else:
-                summary = run_inference(session)
+                summary = run_inference(run)
         report_summary(log, summary)
         return summary
     finally:

@@ -6,7 +6,7 @@ others are in fails (at once for a closed connection, after
 HOROVOD_GLOO_TIMEOUT_SECONDS for a silent peer). The survivors then leave that
 world, and horovodrun's driver forms the next one from the hosts that are left
 (at least --min-np ranks, else the job ends after --elastic-timeout). On it,
-every survivor builds the session again from scratch: the tables re-planned for
+every survivor builds the run again from scratch: the tables re-planned for
 the new world size, the model restored from the newest complete checkpoint in
 --save_checkpoint_path (resharded), the reader at that checkpoint's sample
 position. The steps since that checkpoint are trained again, nothing else.
@@ -31,7 +31,7 @@ import time
 from collections.abc import Callable
 from typing import Any, TextIO
 
-from dlrm.app.assembly import Session, build_session
+from dlrm.app.assembly import AssembledRun, assemble_run
 from dlrm.app.config import ConfigError, RunConfig, check_world_size
 from dlrm.app.modes.training import TrainProgress, train
 from dlrm.app.reporting import MetricsLog
@@ -123,13 +123,13 @@ def train_elastic(
             # Until the world trains, it stands where the last one left off.
             at = previous.checkpoint.step if previous is not None else 0
             progress = TrainProgress(start_step=at, step=at)
-            session: Session | None = None
+            run: AssembledRun | None = None
             try:
-                session = build_session(config, log, collectives)
+                run = assemble_run(config, log, collectives)
                 if previous is not None:
-                    announce(session, previous, totals)
-                    progress.on_first_step = recovered(session, previous)
-                summary = train(session, progress, after_checkpoint=membership.check_host_updates)
+                    announce(run, previous, totals)
+                    progress.on_first_step = recovered(run, previous)
+                summary = train(run, progress, after_checkpoint=membership.check_host_updates)
                 totals.steps_trained += progress.step - progress.start_step
                 summary["elastic"] = totals.record()
                 report(log, summary)
@@ -143,10 +143,10 @@ def train_elastic(
             finally:
                 log.close()
             totals.steps_trained += progress.step - progress.start_step
-            # A world that failed before its session was built never learnt its hosts:
+            # A world that failed before its run was built never learnt its hosts:
             # the last world's stand in for them in the report.
-            if session is not None:
-                hosts = session.hosts
+            if run is not None:
+                hosts = run.hosts
             else:
                 hosts = previous.hosts if previous is not None else [socket.gethostname()]
             checkpoint = newest_checkpoint(directory, progress.step, reason)
@@ -165,21 +165,21 @@ def train_elastic(
                     flush=True,
                 )
             totals.resets += 1
-            del session
+            del run
             membership.reset()
     finally:
         membership.close()
 
 
-def announce(session: Session, previous: Continuation, totals: ElasticTotals) -> None:
+def announce(run: AssembledRun, previous: Continuation, totals: ElasticTotals) -> None:
     """Rank 0 of the new world says how it differs from the last one."""
-    lost = sorted(set(previous.hosts) - set(session.hosts))
-    joined = sorted(set(session.hosts) - set(previous.hosts))
+    lost = sorted(set(previous.hosts) - set(run.hosts))
+    joined = sorted(set(run.hosts) - set(previous.hosts))
     changes = ([f"without {', '.join(lost)}"] if lost else []) + (
         [f"with {', '.join(joined)} joining"] if joined else []
     )
-    session.log.print(
-        f"elastic: {previous.reason}; continuing on {session.collectives.world_size} ranks"
+    run.log.print(
+        f"elastic: {previous.reason}; continuing on {run.collectives.world_size} ranks"
         + (f" ({'; '.join(changes)})" if changes else "")
         + f" from {previous.checkpoint.path} (step {previous.checkpoint.step:,})"
         + (
@@ -188,26 +188,26 @@ def announce(session: Session, previous: Continuation, totals: ElasticTotals) ->
             else ""
         )
     )
-    session.log.write(
+    run.log.write(
         "elastic_reset",
         step=previous.checkpoint.step,
         reason=previous.reason,
         ended_at_step=previous.step,
         previous_hosts=previous.hosts,
-        hosts=session.hosts,
+        hosts=run.hosts,
         lost=lost,
         joined=joined,
         resets=totals.resets,
     )
 
 
-def recovered(session: Session, previous: Continuation) -> Callable[[], None]:
+def recovered(run: AssembledRun, previous: Continuation) -> Callable[[], None]:
     """What rank 0 logs after the first step of a new world: the time from the
     moment this rank saw the last world end to that step."""
 
     def log_it() -> None:
         seconds = time.time() - previous.at
-        session.log.print(f"elastic: first step of the new world {seconds:.1f} s after the last")
-        session.log.write("elastic_recovered", seconds=round(seconds, 3), reason=previous.reason)
+        run.log.print(f"elastic: first step of the new world {seconds:.1f} s after the last")
+        run.log.write("elastic_recovered", seconds=round(seconds, 3), reason=previous.reason)
 
     return log_it

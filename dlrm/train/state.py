@@ -54,13 +54,13 @@ def save_training_state(
     """
     trainer.check_finite()
     collectives = trainer.collectives
-    lead = collectives.rank == 0
+    is_rank_zero = collectives.rank == 0
     step = int(trainer.step.numpy())
     writer: CheckpointWriter | None = None
 
     def stage() -> None:
         nonlocal writer
-        if lead:
+        if is_rank_zero:
             writer = CheckpointWriter(root, step, create=True)
 
     on_every_rank(collectives, f"staging checkpoint step {step} in {root}", "save_stage", stage)
@@ -70,10 +70,10 @@ def save_training_state(
         nonlocal writer
         if writer is None:
             writer = CheckpointWriter(root, step, create=False)
-        if lead:
+        if is_rank_zero:
             writer.add_dense(_dense_arrays(trainer, step))
         for shard, variable in trainer.model.embeddings.local_shards():
-            if shard.kind == ShardingKind.DATA_PARALLEL and not lead:
+            if shard.kind == ShardingKind.DATA_PARALLEL and not is_rank_zero:
                 continue  # rank 0 writes the one copy
             # Streamed in row chunks: no copy of the shard or its slots in memory.
             writer.add_table_shard(
@@ -94,12 +94,12 @@ def save_training_state(
     )
     failed = [(rank, message) for rank, (message, _) in enumerate(gathered) if message]
     if failed:
-        if lead and writer is not None:
+        if is_rank_zero and writer is not None:
             shutil.rmtree(writer.staging, ignore_errors=True)
         raise rank_failure(f"writing checkpoint step {step} in {root}", failed, error)
 
     def publish() -> None:
-        if lead and writer is not None:
+        if is_rank_zero and writer is not None:
             writer.commit(
                 {**manifest_fields, "optimizer": trainer.optimizer.hyperparameters()},
                 keep=keep,

@@ -20,7 +20,7 @@ import yaml
 
 from dataloading.errors import DatasetError
 from dataloading.synthetic import generate_split_binary
-from dlrm.app.assembly import Session, build_session, open_checkpoint
+from dlrm.app.assembly import AssembledRun, assemble_run, open_checkpoint
 from dlrm.app.config import ConfigError, RunConfig
 from dlrm.app.modes.training import train
 from dlrm.app.reporting import MetricsLog
@@ -87,9 +87,9 @@ def config(data: Path, **overrides: Any) -> RunConfig:
 
 def session(
     data: Path, collectives: Any = None, log_path: Path | None = None, **overrides: Any
-) -> Session:
+) -> AssembledRun:
     log = MetricsLog(log_path, None, console=io.StringIO())
-    return build_session(config(data, **overrides), log, collectives)
+    return assemble_run(config(data, **overrides), log, collectives)
 
 
 @pytest.fixture(scope="module")
@@ -99,7 +99,7 @@ def day1_checkpoint(days: dict[str, Path], tmp_path_factory: pytest.TempPathFact
     return list_checkpoints(root)[-1]
 
 
-def tables_and_slots(s: Session) -> dict[tuple[int, str | None], dict[Any, np.ndarray]]:
+def tables_and_slots(s: AssembledRun) -> dict[tuple[int, str | None], dict[Any, np.ndarray]]:
     """(table, slot or None) -> {shard: its values} of this rank."""
     assert s.trainer is not None
     out: dict[tuple[int, str | None], dict[Any, np.ndarray]] = {}
@@ -111,14 +111,14 @@ def tables_and_slots(s: Session) -> dict[tuple[int, str | None], dict[Any, np.nd
     return out
 
 
-def restored(s: Session, path: Path) -> Session:
+def restored(s: AssembledRun, path: Path) -> AssembledRun:
     assert s.trainer is not None
     restore_training_state(s.trainer, open_checkpoint(s, str(path)))
     return s
 
 
 def assert_grown(
-    s: Session, fresh: Session, checkpoint: Checkpoint, rank: str = "one process"
+    s: AssembledRun, fresh: AssembledRun, checkpoint: Checkpoint, rank: str = "one process"
 ) -> None:
     """Each local shard: rows the checkpoint has equal it bit for bit, the others
     equal a new model's (initial values, initial slots)."""

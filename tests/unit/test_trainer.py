@@ -15,7 +15,7 @@ import tensorflow as tf
 from dataloading.split_binary import Batch, ShardSpec, SplitBinaryDataset
 from dataloading.synthetic import generate_split_binary
 from dlrm import kernels
-from dlrm.app.assembly import Session, build_session
+from dlrm.app.assembly import AssembledRun, assemble_run
 from dlrm.app.config import RunConfig
 from dlrm.app.reporting import MetricsLog
 from dlrm.checkpoint.format import CheckpointError
@@ -38,7 +38,7 @@ def dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-def session(dataset: Path, **overrides: object) -> Session:
+def session(dataset: Path, **overrides: object) -> AssembledRun:
     values: dict = {
         "dataset_path": str(dataset),
         "batch_size": BATCH,
@@ -52,7 +52,7 @@ def session(dataset: Path, **overrides: object) -> Session:
         "seed": 1,
     }
     values.update(overrides)
-    return build_session(RunConfig(**values), MetricsLog(None, None, console=io.StringIO()))
+    return assemble_run(RunConfig(**values), MetricsLog(None, None, console=io.StringIO()))
 
 
 def batches(dataset: Path, count: int) -> list[Batch]:
@@ -63,7 +63,7 @@ def batches(dataset: Path, count: int) -> list[Batch]:
     return list(data.to_tf_dataset().take(count))
 
 
-def weights(s: Session) -> list[np.ndarray]:
+def weights(s: AssembledRun) -> list[np.ndarray]:
     assert s.trainer is not None
     return [
         np.asarray(v.numpy()) for v in s.trainer.dense_variables + s.trainer.embedding_variables
@@ -163,14 +163,14 @@ def test_dense_chunks_train_and_predict_as_the_whole_batch_does(
 NO_REQUESTS = tf.zeros([len(REQUESTS)])
 
 
-def dense_step_calls(s: Session, batch: Any) -> int:
+def dense_step_calls(s: AssembledRun, batch: Any) -> int:
     """How many times the traced training step calls the dense part's function."""
     assert s.trainer is not None
     graph = s.trainer._train_step.get_concrete_function(batch, NO_REQUESTS).graph.as_graph_def()
     return sum("_dense_step_eager" in node.attr["f"].func.name for node in graph.node)
 
 
-def assert_train_alike(ours: Session, reference: Session, data: list[Batch]) -> None:
+def assert_train_alike(ours: AssembledRun, reference: AssembledRun, data: list[Batch]) -> None:
     """Step by step the same losses, and at the end the same weights, to float32
     rounding of differently ordered sums. Adam divides each gradient element by
     its own running magnitude, which makes a rounding difference of a nearly
@@ -188,7 +188,7 @@ def assert_train_alike(ours: Session, reference: Session, data: list[Batch]) -> 
         np.testing.assert_allclose(a, r, rtol=1e-5, atol=atol)
 
 
-def step_nodes(s: Session, batch: Any) -> list[Any]:
+def step_nodes(s: AssembledRun, batch: Any) -> list[Any]:
     """The ops of the traced training step, its nested functions included."""
     assert s.trainer is not None
     graph = s.trainer._train_step.get_concrete_function(batch, NO_REQUESTS).graph.as_graph_def()
@@ -198,11 +198,11 @@ def step_nodes(s: Session, batch: Any) -> list[Any]:
     return nodes
 
 
-def step_op_types(s: Session, batch: Any) -> set[str]:
+def step_op_types(s: AssembledRun, batch: Any) -> set[str]:
     return {node.op for node in step_nodes(s, batch)}
 
 
-def step_op_count(s: Session, batch: Any, op: str) -> int:
+def step_op_count(s: AssembledRun, batch: Any, op: str) -> int:
     return sum(node.op == op for node in step_nodes(s, batch))
 
 
@@ -221,7 +221,7 @@ def test_without_built_kernels_training_says_so_and_runs_tensorflow_ops(
     console = io.StringIO()
     values = {"dataset_path": str(dataset), "batch_size": BATCH, "embedding_dim": 6}
     values |= {"bottom_mlp_dims": (9, 6), "top_mlp_dims": (11, 1)}
-    s = build_session(RunConfig(**values), MetricsLog(None, None, console=console))
+    s = assemble_run(RunConfig(**values), MetricsLog(None, None, console=console))
     printed = console.getvalue()
     assert "the CPU kernels are not in use (their build failed: no C++ compiler" in printed
     assert printed.count("CPU kernels") == 1, printed  # one line
@@ -312,7 +312,7 @@ def test_resume_gives_the_same_weights_as_an_uninterrupted_run(
         np.testing.assert_array_equal(resumed_state[name], value, err_msg=name)
 
 
-def optimizer_state(s: Session) -> dict[str, np.ndarray]:
+def optimizer_state(s: AssembledRun) -> dict[str, np.ndarray]:
     """The optimizer's step count and every slot of every variable, by name."""
     assert s.trainer is not None
     optimizer = s.trainer.optimizer
@@ -339,7 +339,7 @@ def test_checkpoint_of_another_model_is_refused(dataset: Path, tmp_path: Path) -
 
 
 def assert_step_3_was_skipped_and_stops_training(
-    s: Session, good: list[np.ndarray], tmp_path: Path
+    s: AssembledRun, good: list[np.ndarray], tmp_path: Path
 ) -> None:
     """The weights are those of the last good step, training stops naming step 3
     (0-based) and no checkpoint can be written after it."""

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from dataloading.synthetic import generate_split_binary
-from dlrm.app.assembly import Session, build_session
+from dlrm.app.assembly import AssembledRun, assemble_run
 from dlrm.app.config import RunConfig
 from dlrm.app.modes.training import train
 from dlrm.app.reporting import MetricsLog
@@ -34,7 +34,7 @@ def dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-def session(dataset: Path, **overrides: object) -> Session:
+def session(dataset: Path, **overrides: object) -> AssembledRun:
     values: dict = {
         "dataset_path": str(dataset),
         "batch_size": BATCH,
@@ -52,14 +52,14 @@ def session(dataset: Path, **overrides: object) -> Session:
         "keep_checkpoints": 20,
     }
     values.update(overrides)
-    return build_session(RunConfig(**values), MetricsLog(None, None, console=io.StringIO()))
+    return assemble_run(RunConfig(**values), MetricsLog(None, None, console=io.StringIO()))
 
 
 def steps_saved(root: Path) -> list[int]:
     return [Checkpoint(path).step for path in list_checkpoints(root)]
 
 
-def signal_before_step(s: Session, step: int, sig: signal.Signals) -> None:
+def signal_before_step(s: AssembledRun, step: int, sig: signal.Signals) -> None:
     """Sends `sig` to this process just before the trainer's `step`-th call (1-based)."""
     assert s.trainer is not None
     calls = 0

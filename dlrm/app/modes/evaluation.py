@@ -11,24 +11,24 @@ from dataloading.split_binary import (
     LastBatch,
     SplitBinaryDataset,
 )
-from dlrm.app.assembly import Session, restore_weights
+from dlrm.app.assembly import AssembledRun, restore_weights
 from dlrm.evaluation import metrics
 from dlrm.evaluation.evaluator import Evaluator
 from feature_spec import TEST_MAPPING
 
 
-def evaluate(session: Session) -> metrics.EvaluationResult:
+def evaluate(run: AssembledRun) -> metrics.EvaluationResult:
     """Exact AUC, logloss and accuracy over the whole test split."""
     test = SplitBinaryDataset(
-        session.spec,
+        run.spec,
         TEST_MAPPING,
-        session.shard(session.config.eval_batch_size),
+        run.shard(run.config.eval_batch_size),
         last_batch=LastBatch.PAD,
-        check_batch_ids=session.config.check_ids,
+        check_batch_ids=run.config.check_ids,
     )
     if test.num_batches == 0:
-        raise DatasetError(f"{session.config.feature_spec_path}: the test split has no rows")
-    return Evaluator(session.predictor, session.collectives).evaluate(test)
+        raise DatasetError(f"{run.config.feature_spec_path}: the test split has no rows")
+    return Evaluator(run.predictor, run.collectives).evaluate(test)
 
 
 def eval_record(result: metrics.EvaluationResult) -> dict[str, Any]:
@@ -40,13 +40,13 @@ def eval_record(result: metrics.EvaluationResult) -> dict[str, Any]:
     }
 
 
-def run_eval(session: Session) -> dict[str, Any]:
-    config = session.config
+def run_eval(run: AssembledRun) -> dict[str, Any]:
+    config = run.config
     if config.restore_checkpoint_path:
-        checkpoint = restore_weights(session, config.restore_checkpoint_path)
-        session.log.print(f"evaluating {checkpoint.path}")
+        checkpoint = restore_weights(run, config.restore_checkpoint_path)
+        run.log.print(f"evaluating {checkpoint.path}")
     else:
-        session.log.print("evaluating the untrained model (no --restore_checkpoint_path)")
+        run.log.print("evaluating the untrained model (no --restore_checkpoint_path)")
     start = time.perf_counter()
-    result = evaluate(session)
+    result = evaluate(run)
     return {"mode": "eval", **eval_record(result), "wall_time_s": time.perf_counter() - start}

@@ -13,19 +13,19 @@ from dataloading.split_binary import (
     SplitBinaryDataset,
     raise_dataset_errors,
 )
-from dlrm.app.assembly import Session, restore_weights
+from dlrm.app.assembly import AssembledRun, restore_weights
 from feature_spec import TEST_MAPPING
 
 
-def run_inference(session: Session) -> dict[str, Any]:
+def run_inference(run: AssembledRun) -> dict[str, Any]:
     """Prediction throughput and latency over the test split, batch by batch."""
-    config = session.config
+    config = run.config
     if config.restore_checkpoint_path:
-        restore_weights(session, config.restore_checkpoint_path)
+        restore_weights(run, config.restore_checkpoint_path)
     test = SplitBinaryDataset(
-        session.spec,
+        run.spec,
         TEST_MAPPING,
-        session.shard(config.eval_batch_size),
+        run.shard(config.eval_batch_size),
         last_batch=LastBatch.PAD,
         check_batch_ids=config.check_ids,
     )
@@ -35,11 +35,11 @@ def run_inference(session: Session) -> dict[str, Any]:
     dataset = raise_dataset_errors(test.to_tf_dataset().repeat())
     for index, batch in enumerate(itertools.islice(dataset, steps + warmup)):
         start = time.perf_counter()
-        session.predictor.predict(batch.numerical, batch.categorical).numpy()
+        run.predictor.predict(batch.numerical, batch.categorical).numpy()
         if index >= warmup:
             latencies.append(time.perf_counter() - start)
         if index % config.print_freq == 0:
-            session.log.print(f"inference batch {index:,}/{steps + warmup:,}")
+            run.log.print(f"inference batch {index:,}/{steps + warmup:,}")
     seconds = np.asarray(latencies)
     return {
         "mode": "inference",

@@ -23,7 +23,7 @@ from dataloading.errors import DatasetError
 from dataloading.split_binary import (
     SplitBinaryDataset,
 )
-from dlrm.app.assembly import Session, open_checkpoint
+from dlrm.app.assembly import AssembledRun, open_checkpoint
 from dlrm.app.modes.evaluation import eval_record, evaluate
 from dlrm.app.reporting import Throughput, format_duration
 from dlrm.checkpoint.every_rank import restore_on_every_rank
@@ -56,7 +56,7 @@ class TrainProgress:
 
 
 def train(
-    session: Session,
+    run: AssembledRun,
     progress: TrainProgress | None = None,
     after_checkpoint: Callable[[], None] | None = None,
 ) -> dict[str, Any]:
@@ -69,13 +69,13 @@ def train(
             hosts that joined (`dlrm.app.elastic`).
     """
     progress = progress if progress is not None else TrainProgress()
-    config, log = session.config, session.log
-    trainer = session.trainer
+    config, log = run.config, run.log
+    trainer = run.trainer
     assert trainer is not None
     train_data = SplitBinaryDataset(
-        session.spec,
+        run.spec,
         TRAIN_MAPPING,
-        session.shard(config.batch_size),
+        run.shard(config.batch_size),
         check_batch_ids=config.check_ids,
     )
     steps_per_epoch = train_data.num_batches
@@ -88,17 +88,17 @@ def train(
     if config.max_steps > 0:
         total_steps = min(total_steps, config.max_steps)
     start_step = 0
-    own = resume_path(session)
+    own = resume_path(run)
     path = own or config.restore_checkpoint_path
     warm_start = config.warm_start and own is None
     if path:
 
         def restore() -> tuple[Checkpoint, int]:
-            checkpoint = open_checkpoint(session, path)
+            checkpoint = open_checkpoint(run, path)
             return checkpoint, restore_training_state(trainer, checkpoint)
 
-        checkpoint, saved_at = restore_on_every_rank(session.collectives, path, restore)
-        grown = grown_tables(checkpoint, session.model_config.cardinalities)
+        checkpoint, saved_at = restore_on_every_rank(run.collectives, path, restore)
+        grown = grown_tables(checkpoint, run.model_config.cardinalities)
         if warm_start:  # this run's data and schedule from their start
             trainer.step.assign(0)
             log.print(f"warm start from {checkpoint.path} (its step {saved_at}){brief(grown)}")
@@ -113,10 +113,10 @@ def train(
             warm_start=warm_start,
             grown=[{"table": t, "rows": old, "to": new} for t, old, new in grown],
         )
-    if config.save_checkpoint_path and session.collectives.rank == 0:
+    if config.save_checkpoint_path and run.collectives.rank == 0:
         config.write(config.save_checkpoint_path)
-        if session.plan is not None:  # reusable with --sharding_plan
-            session.plan.save(Path(config.save_checkpoint_path) / "sharding_plan.json")
+        if run.plan is not None:  # reusable with --sharding_plan
+            run.plan.save(Path(config.save_checkpoint_path) / "sharding_plan.json")
     evals = [
         s
         for s in eval_steps(steps_per_epoch, config.epochs, config.evals_per_epoch)
@@ -127,7 +127,7 @@ def train(
     log.print(
         f"training: {train_data.rows:,} rows, {steps_per_epoch:,} steps per epoch of "
         f"{config.batch_size:,}; steps {start_step:,} -> {total_steps:,}; "
-        f"precision {session.precision.dtype_policy}, xla {config.xla}, "
+        f"precision {run.precision.dtype_policy}, xla {config.xla}, "
         f"optimizer {config.optimizer}"
     )
     log.write(
@@ -135,7 +135,7 @@ def train(
         step=start_step,
         total_steps=total_steps,
         config=config.to_dict(),
-        hosts=session.hosts,  # rank r ran on hosts[r]
+        hosts=run.hosts,  # rank r ran on hosts[r]
     )
     progress.start_step = progress.step = start_step
     throughput = Throughput(config.batch_size, start_step, total_steps)
@@ -148,7 +148,7 @@ def train(
     step = start_step
     loss = float("nan")
     stopped = False
-    lead = session.collectives.rank == 0
+    is_rank_zero = run.collectives.rank == 0
 
     def save() -> None:
         nonlocal checkpoint_path, saved_step, last_save
@@ -157,7 +157,7 @@ def train(
             checkpoint_path = save_training_state(
                 trainer,
                 config.save_checkpoint_path,
-                manifest_fields(session),
+                manifest_fields(run),
                 keep=config.keep_checkpoints,
             )
             seconds = time.perf_counter() - start
@@ -177,7 +177,7 @@ def train(
             batches = train_data.batches(start=position)
             for batch in batches:
                 timer = (
-                    lead
+                    is_rank_zero
                     and config.checkpoint_every_seconds > 0
                     and time.monotonic() - last_save >= config.checkpoint_every_seconds
                 )
@@ -192,9 +192,7 @@ def train(
                 report = step % config.print_freq == 0
                 if report or step in evals or step == total_steps or stopped:
                     # Each rank's loss is its share of the global mean: their sum is it.
-                    loss = float(
-                        session.collectives.allreduce_sum([loss_tensor], ["loss"])[0].numpy()
-                    )
+                    loss = float(run.collectives.allreduce_sum([loss_tensor], ["loss"])[0].numpy())
                     trainer.check_finite()
                 if report:
                     samples_per_second, eta = throughput.mark(step)
@@ -220,7 +218,7 @@ def train(
                 if step in evals or periodic or timed:
                     train_seconds += time.perf_counter() - segment_start
                     if step in evals:
-                        last_result = evaluate(session)
+                        last_result = evaluate(run)
                         log.print(
                             f"eval at step {step:,}: AUC {last_result.auc:.5f} | logloss "
                             f"{last_result.logloss:.5f} | accuracy {last_result.accuracy:.4f} "
@@ -244,10 +242,10 @@ def train(
             # (`cli._error`). So every rank drops its reader first (waiting for the
             # reads in flight: seconds on a loaded host), and they leave together.
             del batches
-            session.collectives.allgather_object(step, name="preempted_exit")
+            run.collectives.allgather_object(step, name="preempted_exit")
     trainer.check_finite()
     if last_result is None and not stopped:  # resumed at or past the end: evaluate it
-        last_result = evaluate(session)
+        last_result = evaluate(run)
     trained = step - start_step
     summary = {
         "mode": "train",
@@ -260,23 +258,23 @@ def train(
         "wall_time_s": time.perf_counter() - wall_start,
         **(eval_record(last_result) if last_result is not None else {}),
         "checkpoint": str(checkpoint_path) if checkpoint_path else None,
-        "world_size": session.collectives.world_size,
+        "world_size": run.collectives.world_size,
     }
     if stopped:
         summary["preempted"] = True
     return summary
 
 
-def resume_path(session: Session) -> str | None:
+def resume_path(run: AssembledRun) -> str | None:
     """With `--resume`, the newest complete checkpoint in `--save_checkpoint_path`,
     as rank 0 sees it (None when there is none yet); every rank must see the same
     one, else every rank stops with `CheckpointError` naming the ranks."""
-    config = session.config
+    config = run.config
     if not (config.resume and config.save_checkpoint_path):
         return None
     found = list_checkpoints(config.save_checkpoint_path)
     newest = str(found[-1]) if found else None
-    seen = session.collectives.allgather_object(newest, name="resume_from")
+    seen = run.collectives.allgather_object(newest, name="resume_from")
     if any(other != seen[0] for other in seen):
         error = CheckpointError(
             f"--resume: the ranks see different newest checkpoints in "
@@ -301,12 +299,12 @@ def brief(grown: list[tuple[int, int, int]]) -> str:
     )
 
 
-def manifest_fields(session: Session) -> dict[str, Any]:
+def manifest_fields(run: AssembledRun) -> dict[str, Any]:
     return {
-        "config": session.config.to_dict(),
-        "model": session.model_config.to_dict(),
-        "precision": session.precision.dtype_policy,
-        "world_size": session.collectives.world_size,
-        "plan": session.plan.to_dict() if session.plan is not None else None,
-        VOCABULARY_FIELD: session.vocabulary.id if session.vocabulary is not None else None,
+        "config": run.config.to_dict(),
+        "model": run.model_config.to_dict(),
+        "precision": run.precision.dtype_policy,
+        "world_size": run.collectives.world_size,
+        "plan": run.plan.to_dict() if run.plan is not None else None,
+        VOCABULARY_FIELD: run.vocabulary.id if run.vocabulary is not None else None,
     }

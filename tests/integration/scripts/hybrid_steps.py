@@ -18,7 +18,7 @@ interaction, with tables of unequal widths `CROSS_WIDTHS`), mean (every table
 pools a row's vectors by mean: with variable-length tables, by their count),
 chunks (the dense part over chunks of `CHUNK_ROWS` of a rank's rows, their
 gradients summed; otherwise the whole batch at once).
-Each run is a `RunConfig`, assembled by `dlrm.app.assembly.build_session` as
+Each run is a `RunConfig`, assembled by `dlrm.app.assembly.assemble_run` as
 `dlrm-train` assembles it (a placement other than the planner's is written as a
 `--sharding_plan` file): the model runs on the project's CPU kernels as
 `dlrm-train` on CPUs does, under xla all but the interaction's, which XLA's
@@ -35,7 +35,7 @@ from pathlib import Path
 import numpy as np
 
 from dataloading.split_binary import SplitBinaryDataset
-from dlrm.app.assembly import build_session, planning_hotness
+from dlrm.app.assembly import assemble_run, planning_hotness
 from dlrm.app.config import RunConfig
 from dlrm.app.reporting import MetricsLog
 from dlrm.distributed.collectives import Collectives, create_collectives
@@ -77,7 +77,7 @@ LEARNING_RATES = {"sgd": 0.5, "adagrad": 0.1, "adam": 0.01}
 def plan_for(kind: str, specs: list[TableSpec], world: int, batch: int) -> ShardingPlan:
     """The plan of placement `kind`; replicated tables' gradients are exchanged as
     the planner's cost model chooses at `batch` (dense for the smallest tables).
-    (A run of this script leaves `planner` to `build_session`, as `dlrm-train`.)"""
+    (A run of this script leaves `planner` to `assemble_run`, as `dlrm-train`.)"""
     if kind == "planner":
         config = PlannerConfig(
             world_size=world,
@@ -183,7 +183,7 @@ def train(
         plan_file = directory / f"plan_rank{rank}.json"
         plan_for(kind, specs, world, batch).save(plan_file)
         config = dataclasses.replace(config, sharding_plan=str(plan_file))
-    session = build_session(config, MetricsLog(None, None, enabled=False), collectives)
+    session = assemble_run(config, MetricsLog(None, None, enabled=False), collectives)
     trainer = session.trainer
     assert trainer is not None
     data = SplitBinaryDataset(session.spec, "train", session.shard(batch)).to_tf_dataset()

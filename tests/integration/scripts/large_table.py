@@ -28,7 +28,7 @@ import numpy as np
 import tensorflow as tf
 
 from dataloading.split_binary import Batch, ShardSpec, SplitBinaryDataset
-from dlrm.app.assembly import Session, build_session
+from dlrm.app.assembly import AssembledRun, assemble_run
 from dlrm.app.config import RunConfig
 from dlrm.app.reporting import MetricsLog
 from dlrm.checkpoint.reader import Checkpoint
@@ -58,7 +58,7 @@ def reset_peak() -> None:
     Path("/proc/self/clear_refs").write_text("5")
 
 
-def session(dataset: str) -> Session:
+def session(dataset: str) -> AssembledRun:
     config = RunConfig(
         dataset_path=dataset,
         batch_size=BATCH,
@@ -71,10 +71,10 @@ def session(dataset: str) -> Session:
         top_mlp_dims=(4, 1),
         seed=SEED,
     )
-    return build_session(config, MetricsLog(None, None, console=io.StringIO()))
+    return assemble_run(config, MetricsLog(None, None, console=io.StringIO()))
 
 
-def table(s: Session) -> Any:
+def table(s: AssembledRun) -> Any:
     ((_, variable),) = s.model.embeddings.local_shards()
     return variable
 
