@@ -28,9 +28,10 @@ from dlrm.checkpoint.model_state import check_model_matches, restore_model_weigh
 from dlrm.checkpoint.reader import Checkpoint
 from dlrm.distributed.agreement import check_ranks_agree
 from dlrm.distributed.collectives import Collectives
-from dlrm.distributed.devices import format_cpus
+from dlrm.distributed.devices import format_cpus, has_gpu
 from dlrm.embedding.planner.placement import PlannerConfig, plan_sharding
 from dlrm.embedding.planner.plan import ShardingPlan
+from dlrm.embedding.planner.report import format_plan
 from dlrm.embedding.planner.types import PlanError, TableSpec
 from dlrm.embedding.sharded import ShardedEmbeddings
 from dlrm.evaluation.predictor import Predictor
@@ -62,10 +63,6 @@ def model_config_for(spec: FeatureSpec, config: RunConfig) -> ModelConfig:
         )
     except ValueError as error:
         raise ConfigError(str(error)) from error
-
-
-def has_gpu() -> bool:
-    return bool(tf.config.list_physical_devices("GPU"))
 
 
 def kernels_apply(config: RunConfig, model_config: ModelConfig, log: MetricsLog) -> bool:
@@ -251,7 +248,7 @@ def assemble_run(
                 f"{collectives.intra_op_threads} intra-op thread(s) per rank: this host's "
                 "CPUs shared by its ranks (TF_NUM_INTRAOP_THREADS overrides)"
             )
-        log.print(plan.format_table())
+        log.print(format_plan(plan))
         embeddings = ShardedEmbeddings(
             plan,
             collectives,

@@ -35,7 +35,7 @@ from dlrm.app.assembly import AssembledRun, assemble_run
 from dlrm.app.config import ConfigError, RunConfig, check_world_size
 from dlrm.app.modes.training import TrainProgress, train
 from dlrm.app.reporting import MetricsLog
-from dlrm.checkpoint.format import CheckpointError, list_checkpoints
+from dlrm.checkpoint.format import CheckpointError, newest_checkpoint
 from dlrm.checkpoint.reader import Checkpoint
 from dlrm.distributed.membership import ElasticMembership, HostsChanged, lost_a_rank, lost_peer
 
@@ -73,17 +73,17 @@ class ElasticTotals:
         return dataclasses.asdict(self)
 
 
-def newest_checkpoint(directory: str, step: int, reason: str) -> Checkpoint:
+def checkpoint_to_continue_from(directory: str, step: int, reason: str) -> Checkpoint:
     """The newest complete checkpoint in `directory` to continue from after the
     world ended at `step`; CheckpointError when there is none."""
-    found = list_checkpoints(directory)
-    if not found:
+    newest = newest_checkpoint(directory)
+    if newest is None:
         raise CheckpointError(
             f"{reason} at step {step:,} and {directory} holds no complete checkpoint to "
             "continue from: set --checkpoint_every_steps or --checkpoint_every_seconds so "
             "that an elastic run has one"
         )
-    return Checkpoint(found[-1])
+    return Checkpoint(newest)
 
 
 def train_elastic(
@@ -149,7 +149,7 @@ def train_elastic(
                 hosts = run.hosts
             else:
                 hosts = previous.hosts if previous is not None else [socket.gethostname()]
-            checkpoint = newest_checkpoint(directory, progress.step, reason)
+            checkpoint = checkpoint_to_continue_from(directory, progress.step, reason)
             previous = Continuation(reason, ended_at, progress.step, checkpoint, hosts)
             if reason == LOST_A_RANK:
                 totals.rolled_back_steps += previous.rolled_back_steps

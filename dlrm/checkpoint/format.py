@@ -192,14 +192,20 @@ def list_checkpoints(root: str | os.PathLike[str]) -> list[Path]:
     return [path for _, path in sorted(found)]
 
 
+def newest_checkpoint(root: str | os.PathLike[str]) -> Path | None:
+    """The newest published checkpoint directory under `root`, or None."""
+    found = list_checkpoints(root)
+    return found[-1] if found else None
+
+
 def resolve_checkpoint(path: str | os.PathLike[str]) -> Path:
     """`path` itself if it holds a manifest, else its newest `step_*` checkpoint."""
     path = Path(path)
     if (path / MANIFEST).exists():
         return path
-    found = list_checkpoints(path)
-    if found:
-        return found[-1]
+    newest = newest_checkpoint(path)
+    if newest is not None:
+        return newest
     if not path.exists():
         raise CheckpointError(f"{path}: no such checkpoint directory")
     raise CheckpointError(

@@ -18,8 +18,9 @@ from typing import Any
 
 import tensorflow as tf
 
-from dlrm.distributed.devices import pin_gpu, share_cpus
+from dlrm.distributed.devices import has_gpu, pin_gpu, share_cpus
 from dlrm.distributed.launcher import launched_by_horovod
+from dlrm.variables import resource_variable
 
 
 class Collectives:
@@ -123,7 +124,7 @@ class HorovodCollectives(Collectives):
         return list(self._hvd.allgather_object(value, name=name))
 
     def broadcast_variables(self, variables: Sequence[Any]) -> None:
-        resources = [getattr(v, "value", v) for v in variables]
+        resources = [resource_variable(v) for v in variables]
         self._hvd.broadcast_variables(resources, root_rank=0)
 
     def barrier(self) -> None:
@@ -168,7 +169,7 @@ def set_horovod_defaults() -> None:
     """`STALL_DEFAULTS` (and `CPU_DEFAULTS` without GPUs) where the environment
     does not set them; read by `hvd.init()`."""
     defaults = dict(STALL_DEFAULTS)
-    if not tf.config.list_physical_devices("GPU"):
+    if not has_gpu():
         defaults.update(CPU_DEFAULTS)
     for name, value in defaults.items():
         os.environ.setdefault(name, value)

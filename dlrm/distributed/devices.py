@@ -8,6 +8,11 @@ from collections.abc import Sequence
 import tensorflow as tf
 
 
+def has_gpu() -> bool:
+    """Whether TensorFlow sees a GPU on this host."""
+    return bool(tf.config.list_physical_devices("GPU"))
+
+
 def pin_gpu(local_rank: int) -> None:
     """One GPU per rank: rank `local_rank` of a node sees only GPU `local_rank`, and
     allocates its memory as needed (else every rank would claim every GPU). Must

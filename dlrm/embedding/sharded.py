@@ -55,7 +55,12 @@ from dlrm.embedding.base import (
 )
 from dlrm.embedding.planner.plan import ShardingPlan
 from dlrm.embedding.shard import ShardingKind, TableShard
-from dlrm.embedding.update import GradientPiece, piece_slices, pooled_piece
+from dlrm.embedding.update import (
+    GradientPiece,
+    concatenated_slices,
+    piece_slices,
+    pooled_piece,
+)
 from dlrm.kernels.finite import all_finite
 
 
@@ -565,7 +570,7 @@ class ShardedEmbeddings(Embeddings):
             return [], tf.constant(True)
         dense_tables, dense_arrays, pieces, checked = [], [], [], []
         for t, parts in slices.items():
-            gradient = _concatenated(parts)
+            gradient = concatenated_slices(parts)
             name = f"gradient_{self.shard_variables[self.replicated_targets[t]][0].name}"
             if self.plan.gradient_exchange(t).method == "dense":
                 dense_tables.append(t)
@@ -582,16 +587,6 @@ class ShardedEmbeddings(Embeddings):
                 checked.append(values)
                 pieces.append(_rows_piece(self.replicated_targets[t], rows, values))
         return pieces, all_finite(checked, self.use_kernels)
-
-
-def _concatenated(slices: list[tf.IndexedSlices]) -> tf.IndexedSlices:
-    if len(slices) == 1:
-        return slices[0]
-    return tf.IndexedSlices(
-        tf.concat([s.values for s in slices], 0),
-        tf.concat([s.indices for s in slices], 0),
-        slices[0].dense_shape,
-    )
 
 
 def _rows_piece(target: int, ids: tf.Tensor, values: tf.Tensor) -> GradientPiece:

@@ -113,10 +113,12 @@ def apply_pieces(
         shard = shards[piece.target][0]
         by_target.setdefault(piece.target, []).append(piece_slices(piece, shard, gradient_scale))
     for target, slices in by_target.items():
-        optimizer.apply_rows(shards[target][1], _concatenated(slices), learning_rate)
+        optimizer.apply_rows(shards[target][1], concatenated_slices(slices), learning_rate)
 
 
-def _concatenated(slices: list[tf.IndexedSlices]) -> tf.IndexedSlices:
+def concatenated_slices(slices: list[tf.IndexedSlices]) -> tf.IndexedSlices:
+    """One tf.IndexedSlices of `slices`' rows in order; their ids in int64 when
+    any slice's are (a table of more than 2^31 rows)."""
     if len(slices) == 1:
         return slices[0]
     dtype = tf.int64 if any(s.indices.dtype == tf.int64 for s in slices) else tf.int32

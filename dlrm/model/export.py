@@ -23,6 +23,7 @@ import tensorflow as tf
 
 from dataloading.files import RaggedIds
 from dlrm.model.dlrm import Dlrm
+from dlrm.variables import resource_variable
 from feature_spec import ids_dtype, minimal_categorical_dtype
 from feature_spec.staged import staged_directory
 
@@ -38,7 +39,7 @@ class _ServingModule(tf.Module):
         super().__init__(name="dlrm_serving")
         # Track the weights, not the Keras model: SavedModel would try to trace
         # the Keras model's own call signatures, which take two inputs.
-        self.weights = [getattr(v, "value", v) for v in model.variables]
+        self.weights = [resource_variable(v) for v in model.variables]
         config = model.config
         hotness = tuple(config.hotness)
         fixed = [h for h in hotness if h]

@@ -12,6 +12,7 @@ import pytest
 from dlrm.embedding.planner.cost import replicated_gradient_exchange
 from dlrm.embedding.planner.placement import PlannerConfig, plan_sharding
 from dlrm.embedding.planner.plan import ShardingPlan, TablePlan
+from dlrm.embedding.planner.report import format_plan
 from dlrm.embedding.planner.types import (
     COLUMN_WISE,
     DATA_PARALLEL,
@@ -231,7 +232,7 @@ def test_json_round_trip() -> None:
 
 def test_format_table_lists_every_table_and_rank() -> None:
     plan = plan_sharding(TINY, TINY_CONFIG)
-    text = plan.format_table()
+    text = format_plan(plan)
     lines = text.splitlines()
     for entry in plan.tables:
         line = next(x for x in lines if x.split()[:1] == [str(entry.table)] and entry.kind in x)
@@ -462,7 +463,7 @@ def test_fewer_large_tables_than_ranks_are_sliced_so_every_rank_works() -> None:
     assert sorted(s.columns for s in plan.tables[0].shards) == [(0, 8), (8, 16)]
     assert [plan.tables_on(r) for r in range(2)] == [[0], [0]]
     assert len(plan.notes) == 1 and "table 0" in plan.notes[0] and "idle" in plan.notes[0]
-    assert plan.format_table().splitlines()[-1] == f"note: {plan.notes[0]}"
+    assert format_plan(plan).splitlines()[-1] == f"note: {plan.notes[0]}"
     # Balance reported is the balance that runs: both halves gather as much.
     assert plan.lookup_bytes_per_rank() == [8 * 4, 8 * 4]
 
@@ -498,7 +499,7 @@ def test_replicated_gradients_take_the_cheaper_exchange() -> None:
     plan = plan_sharding([small, large, TableSpec(10**6, 8)], config)
     assert plan.gradient_exchange(0).method == "dense"
     assert plan.gradient_exchange(1).method == "sparse"
-    assert "gradient: dense" in plan.format_table()
+    assert "gradient: dense" in format_plan(plan)
     # Every rank sends its alltoall share plus every replicated table's exchange.
     exchange = plan.gradient_exchange(0).bytes + plan.gradient_exchange(1).bytes
     alltoall = [2 * 0.5 * 1024 * s.width * 4 for s in plan.tables[2].shards]

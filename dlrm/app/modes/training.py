@@ -27,7 +27,7 @@ from dlrm.app.assembly import AssembledRun, open_checkpoint
 from dlrm.app.modes.evaluation import eval_record, evaluate
 from dlrm.app.reporting import Throughput, format_duration
 from dlrm.checkpoint.every_rank import restore_on_every_rank
-from dlrm.checkpoint.format import CheckpointError, list_checkpoints
+from dlrm.checkpoint.format import CheckpointError, newest_checkpoint
 from dlrm.checkpoint.model_state import VOCABULARY_FIELD, grown_tables
 from dlrm.checkpoint.reader import Checkpoint
 from dlrm.distributed.preemption import StopSignals, parse_signal
@@ -272,8 +272,8 @@ def resume_path(run: AssembledRun) -> str | None:
     config = run.config
     if not (config.resume and config.save_checkpoint_path):
         return None
-    found = list_checkpoints(config.save_checkpoint_path)
-    newest = str(found[-1]) if found else None
+    found = newest_checkpoint(config.save_checkpoint_path)
+    newest = str(found) if found is not None else None
     seen = run.collectives.allgather_object(newest, name="resume_from")
     if any(other != seen[0] for other in seen):
         error = CheckpointError(

@@ -10,7 +10,6 @@ from collections.abc import Sequence
 
 from dlrm.embedding.planner.cost import shard_lookup_bytes, shard_memory_bytes
 from dlrm.embedding.planner.plan import ShardingPlan, TablePlan
-from dlrm.embedding.planner.report import describe_table, format_bytes
 from dlrm.embedding.planner.types import (
     COLUMN_WISE,
     DATA_PARALLEL,
@@ -23,6 +22,7 @@ from dlrm.embedding.planner.types import (
     TABLE_WISE,
     PlanError,
     TableSpec,
+    format_bytes,
 )
 from dlrm.embedding.shard import Range, ShardingKind, TableShard
 
@@ -112,7 +112,7 @@ def _layout(index: int, spec: TableSpec, config: PlannerConfig, available: int |
     if n == 1:
         if not fits(spec.rows, spec.dim):
             raise PlanError(
-                f"{describe_table(index, spec, slots)} does not fit the budget of 1 rank: "
+                f"{spec.describe(index, slots)} does not fit the budget of 1 rank: "
                 f"{format_bytes(available or 0)} left after the data-parallel tables"
             )
         return TABLE_WISE, [whole]
@@ -140,7 +140,7 @@ def _layout(index: int, spec: TableSpec, config: PlannerConfig, available: int |
     largest = math.ceil(spec.rows / parts) * spec.dim * spec.dtype_bytes * (1 + slots)
     if not fits(math.ceil(spec.rows / parts), spec.dim):
         raise PlanError(
-            f"{describe_table(index, spec, slots)} does not fit {n} ranks x "
+            f"{spec.describe(index, slots)} does not fit {n} ranks x "
             f"{format_bytes(config.memory_budget_bytes or 0)}: split by rows over {parts} "
             f"ranks, a shard needs {format_bytes(largest)}, and a rank has "
             f"{format_bytes(available or 0)} left after the data-parallel tables"

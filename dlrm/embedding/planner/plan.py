@@ -13,18 +13,15 @@ from typing import Any
 
 from dlrm.embedding.planner.cost import (
     GradientExchange,
-    imbalance,
     replicated_gradient_exchange,
     shard_lookup_bytes,
     shard_memory_bytes,
     shard_sent_bytes,
 )
-from dlrm.embedding.planner.report import format_bytes
 from dlrm.embedding.planner.types import (
     COLUMN_WISE,
     DATA_PARALLEL,
     DEFAULT_GLOBAL_BATCH_SIZE,
-    ROW_WISE,
     STRATEGIES,
     TABLE_WISE,
     PlanError,
@@ -288,49 +285,6 @@ class ShardingPlan:
     def save(self, path: str | os.PathLike[str]) -> Path:
         """Writes the plan as JSON, through a temporary file (never half-written)."""
         return write_file_atomically(path, self.to_json() + "\n")
-
-    def format_table(self) -> str:
-        """The plan as text: one line per table, then one per rank, then balance."""
-        slots = self.optimizer_slots
-        lines = [
-            f"Sharding plan ({self.strategy}): {len(self.tables)} tables on "
-            f"{self.world_size} ranks, {slots} optimizer slot(s) per element, "
-            f"costed at a global batch of {self.global_batch_size:,}",
-            f"{'table':>5}  {'rows':>13}  {'dim':>4}  {'kind':<13}  {'bytes':>10}  placement",
-        ]
-        for t in self.tables:
-            if t.kind == DATA_PARALLEL:
-                exchange = self.gradient_exchange(t.table)
-                placement = (
-                    f"every rank ({self.world_size}); gradient: {exchange.method} "
-                    f"{format_bytes(exchange.bytes)}/step"
-                )
-            elif t.kind == TABLE_WISE:
-                placement = f"rank {t.shards[0].rank}"
-            else:
-                placement = " ".join(
-                    f"r{s.rank}[{s.rows[0]}:{s.rows[1]}, :]"
-                    if t.kind == ROW_WISE
-                    else f"r{s.rank}[:, {s.columns[0]}:{s.columns[1]}]"
-                    for s in sorted(t.shards, key=lambda s: (s.rows, s.columns))
-                )
-            size = format_bytes(t.spec.memory_bytes(slots))
-            shape = f"{t.spec.rows:>13,}  {t.spec.dim:>4}"
-            lines.append(f"{t.table:>5}  {shape}  {t.kind.value:<13}  {size:>10}  {placement}")
-        memory, lookup = self.memory_per_rank(), self.lookup_bytes_per_rank()
-        traffic = self.traffic_bytes_per_rank()
-        lines.append(
-            f"{'rank':>5}  {'memory':>10}  {'lookup/sample':>13}  {'sent/step':>10}  tables"
-        )
-        for rank in range(self.world_size):
-            tables = ",".join(str(t) for t in self.tables_on(rank)) or "-"
-            lines.append(
-                f"{rank:>5}  {format_bytes(memory[rank]):>10}  "
-                f"{format_bytes(lookup[rank]):>13}  {format_bytes(traffic[rank]):>10}  {tables}"
-            )
-        lines.append(f"max/mean: memory {imbalance(memory):.3f}, lookup {imbalance(lookup):.3f}")
-        lines.extend(f"note: {note}" for note in self.notes)
-        return "\n".join(lines)
 
 
 def _table_plan(

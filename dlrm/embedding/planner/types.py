@@ -47,6 +47,15 @@ class PlanError(ValueError):
     """A table or the model does not fit, or a plan is invalid for this run."""
 
 
+def format_bytes(count: float) -> str:
+    """`1536` -> `'1.5 KiB'` (binary units)."""
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(count) < 1024:
+            return f"{count:.0f} B" if unit == "B" else f"{count:.1f} {unit}"
+        count /= 1024
+    return f"{count:.1f} TiB"
+
+
 @dataclasses.dataclass(frozen=True)
 class TableSpec:
     """One embedding table as the planner sees it: `rows` x `dim` elements of
@@ -65,6 +74,12 @@ class TableSpec:
     @property
     def elements(self) -> int:
         return self.rows * self.dim
+
+    def describe(self, index: int, optimizer_slots: int = 0) -> str:
+        """`table 3 (40,000,000 x 128, 38.1 GiB with 1 optimizer slot(s))`."""
+        with_slots = f" with {optimizer_slots} optimizer slot(s)" if optimizer_slots else ""
+        size = format_bytes(self.memory_bytes(optimizer_slots))
+        return f"table {index} ({self.rows:,} x {self.dim:,}, {size}{with_slots})"
 
     def memory_bytes(self, optimizer_slots: int = 0) -> int:
         """Bytes of the whole table with its optimizer slots."""
