@@ -33,13 +33,13 @@ lint: install
 # -> AUC, checkpoint, SavedModel; outputs in demo_output/ (about 80 s on 2 cores once
 # installed).
 demo: install
-	@$(PY) packaging/demo.py $(DEMO_ARGS)
+	@$(PY) examples/demo.py $(DEMO_ARGS)
 
 # Day-by-day training on a drifting click log: each day preprocessed with the day
 # before's vocabulary and trained warm from yesterday's checkpoint, beside a model
 # retrained from scratch and one never updated (docs/incremental.md).
 demo-incremental: install
-	@$(PY) packaging/incremental_demo.py $(DEMO_ARGS)
+	@$(PY) examples/incremental_demo.py $(DEMO_ARGS)
 
 # The benchmark suite: ours against a plain TensorFlow loop and each target against the
 # machine's matmul peak, in one run (about an hour on 2 cores; BENCH_ARGS=--quick for a

@@ -48,7 +48,7 @@ def test_demo_refuses_a_directory_it_did_not_write(tmp_path: Path) -> None:
     foreign = tmp_path / "mine"
     foreign.mkdir()
     (foreign / "keep.txt").write_text("user data")
-    result = run([sys.executable, "packaging/demo.py", f"--output_dir={foreign}"], timeout=120)
+    result = run([sys.executable, "examples/demo.py", f"--output_dir={foreign}"], timeout=120)
     assert result.returncode == 1
     assert f"{foreign} exists and was not written by the demo" in result.stderr
     assert (foreign / "keep.txt").read_text() == "user data"

@@ -19,7 +19,7 @@ from feature_spec import FeatureSpec
 from feature_spec.vocabulary import VocabularyLineage
 from tests.integration.conftest import run
 
-BEHIND = 3  # packaging/incremental_demo.py's exit status for an incremental model behind
+BEHIND = 3  # examples/incremental_demo.py's exit status for an incremental model behind
 
 
 def summary(log: Path) -> dict:
@@ -32,7 +32,7 @@ def test_one_day_by_day_cycle_end_to_end(tmp_path: Path) -> None:
     result = run(
         [
             sys.executable,
-            "packaging/incremental_demo.py",
+            "examples/incremental_demo.py",
             f"--output_dir={output}",
             "--cycles=1",
             "--rows_per_day=8000",

@@ -1,6 +1,6 @@
 """`make demo`: the whole product end to end on a generated click log.
 
-    python packaging/demo.py [--output_dir demo_output] [--days 3] [--rows_per_day 340000]
+    python examples/demo.py [--output_dir demo_output] [--days 3] [--rows_per_day 340000]
         [--ranks 2] [--frequency_threshold 3] [--batch_size 8192]
 
 Stages, each printed with its progress and timing:
@@ -96,7 +96,7 @@ def prepare(output: Path) -> None:
             )
         shutil.rmtree(output)
     output.mkdir(parents=True)
-    (output / MARKER).write_text("written by packaging/demo.py; replaced by the next demo run\n")
+    (output / MARKER).write_text("written by examples/demo.py; replaced by the next demo run\n")
 
 
 def last_record(log: Path, event: str) -> dict[str, Any]:

@@ -1,7 +1,7 @@
 """`make demo-incremental`: day-by-day training as production runs it, on a click log
 whose click model drifts (new ids appear, old ones fade).
 
-    python packaging/incremental_demo.py [--output_dir demo_incremental] [--cycles 3]
+    python examples/incremental_demo.py [--output_dir demo_incremental] [--cycles 3]
         [--rows_per_day 250000] [--drift 0.3] [--ranks 2]
 
 Day 0 trains a model from scratch. Then each cycle c = 1, 2, ... is what a
