@@ -36,7 +36,7 @@ sys.path.insert(0, str(REPO))  # run as a script from anywhere
 
 from benchmarks.collective_time import exposed  # noqa: E402
 from dataloading.synthetic import generate_split_binary  # noqa: E402
-from tests.integration.netns_cluster import INTERFACE, NetnsCluster, install_reason  # noqa: E402
+from tests.harness.netns import INTERFACE, NetnsCluster, install_reason  # noqa: E402
 
 LAYOUTS = {
     "1 host x 2 ranks": ["-H", "node1:2"],

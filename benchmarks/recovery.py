@@ -38,8 +38,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # run as a script from anywhere
 
 from dataloading.synthetic import generate_split_binary  # noqa: E402
-from tests.integration.elastic_job import ElasticJob  # noqa: E402
-from tests.integration.netns_cluster import NetnsCluster, install_reason  # noqa: E402
+from tests.harness.elastic_job import ElasticJob  # noqa: E402
+from tests.harness.netns import NetnsCluster, install_reason  # noqa: E402
 
 HOSTS = ("node1", "node2", "node3")
 CARDINALITIES = (200_000, 100_000, 50_000, 10_000, 1_000, 100, 30, 7)

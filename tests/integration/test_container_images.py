@@ -35,8 +35,8 @@ import pytest
 import tensorflow as tf
 
 from feature_spec import FeatureSpec
-from tests.integration.conftest import REPO
-from tests.integration.podman_engine import Podman, install_reason
+from tests.harness.podman import Podman, install_reason
+from tests.harness.processes import REPO
 
 WHEELHOUSE = REPO / "docker" / "wheelhouse"
 TRAINING_IMAGE = "dlrm-hybrid:cpu"

@@ -17,7 +17,7 @@ from feature_spec import (
     MLPERF_DCNV2_MULTI_HOT_SIZES,
     FeatureSpec,
 )
-from tests.integration.conftest import run
+from tests.harness.processes import run
 from tests.integration.test_training import (
     assert_export_serves_like_the_checkpoint,
     main_py,

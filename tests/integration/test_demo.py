@@ -13,7 +13,7 @@ from pathlib import Path
 
 import tensorflow as tf
 
-from tests.integration.conftest import run
+from tests.harness.processes import run
 from tests.integration.quiet import noise_in
 
 DEMO_TEST_ROWS = 340_000  # the demo's default --rows_per_day: its test day

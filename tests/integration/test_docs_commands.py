@@ -39,7 +39,7 @@ import numpy as np
 import pytest
 
 from feature_spec import FeatureSpec
-from tests.integration.conftest import REPO
+from tests.harness.processes import REPO
 
 RUNNABLE = "<!-- runnable -->"
 FILE_MARKER = re.compile(r"<!-- file: (\S+) -->")

@@ -21,10 +21,9 @@ import pytest
 from dataloading.synthetic import generate_split_binary
 from dlrm.checkpoint.format import list_checkpoints
 from dlrm.checkpoint.reader import Checkpoint
-from tests.checkpoints import assert_identical
-from tests.integration.conftest import netns_cluster
-from tests.integration.elastic_job import ElasticJob
-from tests.integration.netns_cluster import NetnsCluster
+from tests.harness.checkpoints import assert_identical
+from tests.harness.elastic_job import ElasticJob
+from tests.harness.netns import NetnsCluster, netns_cluster
 from tests.integration.test_hybrid_main import FLAGS as HYBRID_MAIN_FLAGS
 
 HOSTS = ("node1", "node2", "node3")

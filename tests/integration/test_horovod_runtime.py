@@ -12,7 +12,7 @@ import numpy as np
 from dataloading.synthetic import generate_split_binary
 from dlrm.distributed.devices import cpu_slice
 from feature_spec import FeatureSpec
-from tests.integration.conftest import horovodrun, run
+from tests.harness.processes import horovodrun, run
 
 GLOBAL_BATCH = 48
 

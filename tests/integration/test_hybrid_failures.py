@@ -24,7 +24,7 @@ from dlrm.embedding.planner.placement import PlannerConfig, plan_sharding
 from dlrm.embedding.planner.plan import ShardingPlan
 from dlrm.embedding.planner.types import TableSpec
 from feature_spec import FeatureSpec
-from tests.integration.conftest import REPO, horovodrun, process_env, run
+from tests.harness.processes import REPO, horovodrun, process_env, run
 
 CARDINALITIES = (40, 300, 7, 1000)
 DIM = 8

@@ -19,8 +19,8 @@ from dlrm.distributed.preemption import EXIT_PREEMPTED
 from dlrm.embedding.planner.placement import PlannerConfig, plan_sharding
 from dlrm.embedding.planner.plan import ShardingPlan
 from dlrm.embedding.planner.types import TableSpec
-from tests.checkpoints import CROSS_WORLD, assert_close, assert_identical
-from tests.integration.conftest import REPO, horovodrun, process_env, run
+from tests.harness.checkpoints import CROSS_WORLD, assert_close, assert_identical
+from tests.harness.processes import REPO, horovodrun, process_env, run
 
 CARDINALITIES = (50, 200, 1000, 30, 5000, 7, 400, 90)
 FLAGS = [

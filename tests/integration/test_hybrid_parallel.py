@@ -28,7 +28,7 @@ import pytest
 
 from dataloading.synthetic import generate_split_binary
 from feature_spec import FeatureSpec
-from tests.integration.conftest import horovodrun, run
+from tests.harness.processes import horovodrun, run
 
 CARDINALITIES = (23, 7, 300, 11, 5, 40, 9, 64)
 HOTNESS = (1, 2, 1, 1, 3, 1, 1, 1)

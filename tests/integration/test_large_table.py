@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 from dataloading.synthetic import generate_split_binary
-from tests.integration.conftest import run
+from tests.harness.processes import run
 from tests.integration.scripts.large_table import BATCH, REFERENCE_ROWS
 
 ROWS = 2**31 + 16

@@ -20,9 +20,9 @@ import pytest
 
 from dataloading.synthetic import generate_split_binary
 from dlrm.checkpoint.reader import Checkpoint
-from tests.checkpoints import CROSS_WORLD, assert_close
-from tests.integration.conftest import REPO, horovodrun, netns_cluster, process_env
-from tests.integration.netns_cluster import INTERFACE, NetnsCluster, install_reason
+from tests.harness.checkpoints import CROSS_WORLD, assert_close
+from tests.harness.netns import INTERFACE, NetnsCluster, install_reason, netns_cluster
+from tests.harness.processes import REPO, horovodrun, process_env
 from tests.integration.test_hybrid_failures import _is_zombie
 from tests.integration.test_hybrid_main import FLAGS
 from tests.integration.test_hybrid_parallel import (

@@ -16,8 +16,8 @@ from dlrm.checkpoint.reader import Checkpoint
 from dlrm.embedding.planner.plan import ShardingPlan
 from dlrm.embedding.planner.types import TableSpec
 from feature_spec import FeatureSpec
-from tests.checkpoints import CROSS_WORLD, assert_close
-from tests.integration.conftest import horovodrun, run
+from tests.harness.checkpoints import CROSS_WORLD, assert_close
+from tests.harness.processes import horovodrun, run
 from tests.integration.scripts.hybrid_steps import table_plan
 from tests.integration.test_training import (
     assert_export_serves_like_the_checkpoint,

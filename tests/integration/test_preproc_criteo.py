@@ -25,7 +25,7 @@ from preproc.errors import PreprocessingError
 from preproc.layout import criteo_layout
 from preproc.pipeline import run_pipeline
 from preproc.spark import SparkSettings, start_spark
-from tests.integration.conftest import run
+from tests.harness.processes import run
 from tests.integration.scripts.preproc_reference import (
     Row,
     build_vocabulary,

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from dataloading.synthetic import generate_split_binary
-from tests.integration.conftest import REPO, horovodrun
+from tests.harness.processes import REPO, horovodrun
 from tests.integration.quiet import noise_in
 
 SMALL = ["--embedding_dim=8", "--bottom_mlp_dims=16,8", "--top_mlp_dims=16,1", "--batch_size=512"]

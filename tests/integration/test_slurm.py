@@ -21,9 +21,9 @@ import pytest
 
 from dlrm.checkpoint.reader import Checkpoint
 from feature_spec import FeatureSpec
-from tests.checkpoints import assert_identical
-from tests.integration.conftest import REPO, run
-from tests.integration.slurm_cluster import SlurmCluster, install_reason, start_cluster, tail
+from tests.harness.checkpoints import assert_identical
+from tests.harness.processes import REPO, run
+from tests.harness.slurm import SlurmCluster, install_reason, start_cluster, tail
 
 CARDINALITIES = "23,200,1000,7,5000,90"
 STEPS = 20

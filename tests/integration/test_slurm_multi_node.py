@@ -20,9 +20,10 @@ from pathlib import Path
 import pytest
 
 from dataloading.synthetic import generate_split_binary
-from tests.integration import netns_cluster, slurm_cluster
-from tests.integration.netns_cluster import INTERFACE, NetnsCluster
-from tests.integration.slurm_cluster import SlurmCluster, start_multi_node_cluster, tail
+from tests.harness import netns as netns_cluster
+from tests.harness import slurm as slurm_cluster
+from tests.harness.netns import INTERFACE, NetnsCluster
+from tests.harness.slurm import SlurmCluster, start_multi_node_cluster, tail
 from tests.integration.test_slurm import (
     CARDINALITIES,
     TRAIN_FLAGS,

@@ -34,8 +34,8 @@ from dataloading.criteo_tsv import generate_criteo_tsv
 from preproc.pipeline import REPORT_FILE, WORK_DIR
 from preproc.spark import JIT_OPTIONS
 from preproc.stages import SUCCESS
-from tests.integration.conftest import REPO, process_env, run
-from tests.integration.netns_cluster import ClusterError, NetnsCluster, install_reason
+from tests.harness.netns import ClusterError, NetnsCluster, install_reason
+from tests.harness.processes import REPO, process_env, run
 
 MASTER_PORT = 7077
 WORKER_MEMORY = "1g"  # what a worker offers its executors

@@ -27,8 +27,8 @@ from dlrm.model.config import ModelConfig
 from dlrm.model.dlrm import Dlrm
 from dlrm.model.export import serving_inputs
 from feature_spec import FeatureSpec
-from tests.checkpoints import assert_identical
-from tests.integration.conftest import run
+from tests.harness.checkpoints import assert_identical
+from tests.harness.processes import run
 
 CARDINALITIES = (50, 200, 1000, 30, 5000, 7, 400, 90)
 NUM_NUMERICAL = 5

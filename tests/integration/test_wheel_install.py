@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.conftest import REPO
+from tests.harness.processes import REPO
 from tests.integration.quiet import noise_in
 from tests.integration.test_docs_commands import run_readme_quick_start
 

@@ -20,7 +20,7 @@ from dlrm.app.modes.training import train
 from dlrm.app.reporting import MetricsLog
 from dlrm.checkpoint.format import CheckpointError, list_checkpoints
 from dlrm.checkpoint.reader import Checkpoint
-from tests.checkpoints import assert_identical
+from tests.harness.checkpoints import assert_identical
 
 CARDINALITIES = (23, 7, 11, 130, 5)
 BATCH = 64

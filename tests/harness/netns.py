@@ -28,9 +28,11 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import pytest
 
 SSHD = "/usr/sbin/sshd"
 # Program -> the Debian package that brings it.
@@ -379,3 +381,18 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def netns_cluster(
+    tmp_path_factory: pytest.TempPathFactory, hosts: int = 2, tag: str = ""
+) -> Iterator[NetnsCluster]:
+    """For a module fixture (`yield from`): a started cluster of `hosts` simulated
+    hosts, stopped afterwards; the test is skipped where namespaces need root."""
+    reason = install_reason()
+    if reason is not None:
+        pytest.skip(reason)
+    cluster = NetnsCluster(tmp_path_factory.mktemp("cluster"), hosts=hosts, tag=tag).start()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()

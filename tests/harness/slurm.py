@@ -27,7 +27,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tests.integration.netns_cluster import NetnsCluster
+from tests.harness.netns import NetnsCluster
 
 # The programs a cluster needs; the packages that bring them.
 SLURM_PROGRAMS = ("munged", "slurmctld", "slurmd", "sbatch", "srun", "scontrol", "scancel")

@@ -16,8 +16,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from tests.integration.conftest import REPO, horovodrun, process_env
-from tests.integration.netns_cluster import INTERFACE, NetnsCluster
+from tests.harness.netns import INTERFACE, NetnsCluster
+from tests.harness.processes import REPO, horovodrun, process_env
 
 RUN_TIMEOUT_S = 420
 
