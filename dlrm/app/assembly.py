@@ -23,9 +23,6 @@ from dataloading.split_binary import (
 from dlrm import kernels
 from dlrm.app.config import ConfigError, RunConfig
 from dlrm.app.reporting import MetricsLog
-from dlrm.checkpoint.every_rank import restore_on_every_rank
-from dlrm.checkpoint.model_state import check_model_matches, restore_model_weights
-from dlrm.checkpoint.reader import Checkpoint
 from dlrm.distributed.agreement import check_ranks_agree
 from dlrm.distributed.collectives import Collectives
 from dlrm.distributed.devices import format_cpus, has_gpu
@@ -299,21 +296,3 @@ def assemble_run(
         hosts,
         vocabulary,
     )
-
-
-def open_checkpoint(run: AssembledRun, path: str) -> Checkpoint:
-    """Opens `path` and checks it fits this run's model; its tables may have fewer
-    rows when this dataset's vocabulary extends the checkpoint's (they grow)."""
-    checkpoint = Checkpoint(path)
-    check_model_matches(checkpoint, run.model_config.to_dict(), run.vocabulary)
-    return checkpoint
-
-
-def restore_weights(run: AssembledRun, path: str) -> Checkpoint:
-    def restore() -> Checkpoint:
-        checkpoint = open_checkpoint(run, path)
-        restore_model_weights(run.model, checkpoint)
-        return checkpoint
-
-    checkpoint: Checkpoint = restore_on_every_rank(run.collectives, path, restore)
-    return checkpoint

@@ -22,7 +22,13 @@ from dlrm.embedding.planner.types import (
     DEFAULT_ROW_SLICE_THRESHOLD,
     STRATEGIES,
 )
-from dlrm.model.config import INTERACTIONS, POOLINGS
+from dlrm.model.config import (
+    DEFAULT_BOTTOM_MLP_DIMS,
+    DEFAULT_EMBEDDING_DIM,
+    DEFAULT_TOP_MLP_DIMS,
+    INTERACTIONS,
+    POOLINGS,
+)
 from dlrm.optim.config import OPTIMIZERS
 from dlrm.train.config import (
     DEFAULT_CPU_DENSE_CHUNK_ROWS,
@@ -67,13 +73,14 @@ class RunConfig:
     max_steps: int = -1
     seed: int = 12345
     # Model
-    embedding_dim: tuple[int, ...] = (128,)  # one width, or one per table (cross only)
-    bottom_mlp_dims: tuple[int, ...] = (512, 256, 128)
-    top_mlp_dims: tuple[int, ...] = (1024, 1024, 512, 256, 1)
-    interaction: str = "dot"
+    # One width, or one per table (cross only).
+    embedding_dim: tuple[int, ...] = (DEFAULT_EMBEDDING_DIM,)
+    bottom_mlp_dims: tuple[int, ...] = DEFAULT_BOTTOM_MLP_DIMS
+    top_mlp_dims: tuple[int, ...] = DEFAULT_TOP_MLP_DIMS
+    interaction: str = INTERACTIONS[0]
     num_cross_layers: int = 3
     cross_layer_projection_dim: int = 512  # 0: full rank
-    pooling: tuple[str, ...] = ("sum",)  # of multi-hot rows: one, or one per table
+    pooling: tuple[str, ...] = POOLINGS[:1]  # of multi-hot rows: one, or one per table
     # Hybrid parallelism (under horovodrun); thresholds in elements (rows x dim)
     sharding_strategy: str = "cost"
     data_parallel_threshold: int = DEFAULT_DATA_PARALLEL_THRESHOLD
@@ -203,12 +210,25 @@ def _require(condition: bool, message: str) -> None:
 
 
 def _validate(c: RunConfig) -> None:
+    """Raises `ConfigError` naming the first flag that is wrong."""
+    for check in (
+        _check_choices,
+        _check_sizes,
+        _check_checkpoints,
+        _check_model,
+        _check_schedule,
+        _check_mode_inputs,
+    ):
+        check(c)
+
+
+def _check_choices(c: RunConfig) -> None:
+    """Each flag that names one of a few choices names one of them."""
     _require(c.mode in MODES, f"--mode: expected one of {', '.join(MODES)}, got {c.mode!r}")
     _require(
         c.optimizer in OPTIMIZERS,
         f"--optimizer: expected one of {', '.join(OPTIMIZERS)}, got {c.optimizer!r}",
     )
-    _require(c.batch_size > 0, f"--batch_size: expected > 0, got {c.batch_size}")
     _require(
         c.sharding_strategy in STRATEGIES,
         f"--sharding_strategy: expected one of {', '.join(STRATEGIES)}, "
@@ -218,6 +238,21 @@ def _validate(c: RunConfig) -> None:
         c.input_mode in INPUT_MODES,
         f"--input_mode: expected one of {', '.join(INPUT_MODES)}, got {c.input_mode!r}",
     )
+    _require(
+        len(c.pooling) > 0 and all(p in POOLINGS for p in c.pooling),
+        f"--pooling: expected {' or '.join(POOLINGS)}, one for every table or one per table, "
+        f"got {','.join(c.pooling)!r}",
+    )
+    if c.preemption_signal is not None:
+        try:
+            parse_signal(c.preemption_signal)
+        except ValueError as error:
+            raise ConfigError(str(error)) from None
+
+
+def _check_sizes(c: RunConfig) -> None:
+    """Sizes, counts and thresholds in their ranges."""
+    _require(c.batch_size > 0, f"--batch_size: expected > 0, got {c.batch_size}")
     for flag in ("data_parallel_threshold", "column_slice_threshold", "row_slice_threshold"):
         _require(getattr(c, flag) >= 0, f"--{flag}: expected >= 0, got {getattr(c, flag)}")
     _require(
@@ -240,6 +275,14 @@ def _validate(c: RunConfig) -> None:
     )
     _require(c.evals_per_epoch >= 0, f"--evals_per_epoch: expected >= 0, got {c.evals_per_epoch}")
     _require(c.print_freq >= 1, f"--print_freq: expected >= 1, got {c.print_freq}")
+    _require(
+        c.benchmark_warmup_steps >= 0,
+        f"--benchmark_warmup_steps: expected >= 0, got {c.benchmark_warmup_steps}",
+    )
+
+
+def _check_checkpoints(c: RunConfig) -> None:
+    """What the checkpoint flags need of each other."""
     _require(
         c.keep_checkpoints >= 1, f"--keep_checkpoints: expected >= 1, got {c.keep_checkpoints}"
     )
@@ -266,26 +309,16 @@ def _validate(c: RunConfig) -> None:
         f"{c.restore_checkpoint_path}: this run's checkpoints start again at step 1, and "
         f"--resume or --keep_checkpoints would mistake the two runs' checkpoints",
     )
-    if c.preemption_signal is not None:
-        try:
-            parse_signal(c.preemption_signal)
-        except ValueError as error:
-            raise ConfigError(str(error)) from None
-    _require(
-        c.benchmark_warmup_steps >= 0,
-        f"--benchmark_warmup_steps: expected >= 0, got {c.benchmark_warmup_steps}",
-    )
+
+
+def _check_model(c: RunConfig) -> None:
+    """The architecture's widths, and what the interaction asks of them."""
     for flag in ("embedding_dim", "bottom_mlp_dims", "top_mlp_dims"):
         dims = getattr(c, flag)
         _require(
             len(dims) > 0 and all(isinstance(d, int) and d > 0 for d in dims),
             f"--{flag}: expected a comma-separated list of positive widths, got {list(dims)}",
         )
-    _require(
-        len(c.pooling) > 0 and all(p in POOLINGS for p in c.pooling),
-        f"--pooling: expected {' or '.join(POOLINGS)}, one for every table or one per table, "
-        f"got {','.join(c.pooling)!r}",
-    )
     check_interaction(
         c.interaction,
         c.embedding_dim,
@@ -297,10 +330,18 @@ def _validate(c: RunConfig) -> None:
         c.top_mlp_dims[-1] == 1,
         f"--top_mlp_dims: the last width must be 1 (the click logit), got {c.top_mlp_dims[-1]}",
     )
+
+
+def _check_schedule(c: RunConfig) -> None:
+    """The learning-rate schedule's flags (`ScheduleConfig`)."""
     try:
         c.schedule  # noqa: B018  (validates the schedule flags)
     except ValueError as error:
         raise ConfigError(str(error)) from error
+
+
+def _check_mode_inputs(c: RunConfig) -> None:
+    """What the mode reads and writes is given."""
     if c.mode in ("train", "eval", "inference"):
         _require(c.dataset_path is not None, f"--dataset_path: required for --mode {c.mode}")
     if c.mode == "export":

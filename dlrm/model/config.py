@@ -8,6 +8,10 @@ from typing import Any
 
 INTERACTIONS = ("dot", "cross")
 POOLINGS = ("sum", "mean")
+# The architecture a run gets when its flags do not say (NVIDIA's DLRM for Criteo).
+DEFAULT_EMBEDDING_DIM = 128
+DEFAULT_BOTTOM_MLP_DIMS = (512, 256, 128)
+DEFAULT_TOP_MLP_DIMS = (1024, 1024, 512, 256, 1)
 
 
 # What a checkpoint manifest written before a field existed means by it.
@@ -37,13 +41,13 @@ class ModelConfig:
     num_numerical: int
     cardinalities: tuple[int, ...]
     hotness: tuple[int, ...]
-    embedding_dim: int | tuple[int, ...] = 128
-    bottom_mlp_dims: tuple[int, ...] = (512, 256, 128)
-    top_mlp_dims: tuple[int, ...] = (1024, 1024, 512, 256, 1)
-    interaction: str = "dot"
+    embedding_dim: int | tuple[int, ...] = DEFAULT_EMBEDDING_DIM
+    bottom_mlp_dims: tuple[int, ...] = DEFAULT_BOTTOM_MLP_DIMS
+    top_mlp_dims: tuple[int, ...] = DEFAULT_TOP_MLP_DIMS
+    interaction: str = INTERACTIONS[0]
     num_cross_layers: int = 0
     cross_layer_projection_dim: int = 0
-    pooling: str | tuple[str, ...] = "sum"
+    pooling: str | tuple[str, ...] = POOLINGS[0]
 
     def __post_init__(self) -> None:
         pooling = self.pooling

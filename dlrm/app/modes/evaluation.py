@@ -11,7 +11,8 @@ from dataloading.split_binary import (
     LastBatch,
     SplitBinaryDataset,
 )
-from dlrm.app.assembly import AssembledRun, restore_weights
+from dlrm.app.assembly import AssembledRun
+from dlrm.app.restore import restore_weights
 from dlrm.evaluation import metrics
 from dlrm.evaluation.evaluator import Evaluator
 from feature_spec import TEST_MAPPING

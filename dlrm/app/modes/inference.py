@@ -13,7 +13,8 @@ from dataloading.split_binary import (
     SplitBinaryDataset,
     raise_dataset_errors,
 )
-from dlrm.app.assembly import AssembledRun, restore_weights
+from dlrm.app.assembly import AssembledRun
+from dlrm.app.restore import restore_weights
 from feature_spec import TEST_MAPPING
 
 
