@@ -13,7 +13,7 @@ import pytest
 from absl import flags
 
 from dlrm.app.config import ConfigError, RunConfig, check_world_size
-from dlrm.app.modes.training import eval_steps
+from dlrm.app.policies import eval_steps
 from dlrm.distributed.preemption import parse_signal
 from dlrm.train.config import DEFAULT_CPU_DENSE_CHUNK_ROWS
 

@@ -14,7 +14,7 @@ import tensorflow as tf
 from horovod.common.exceptions import HorovodInternalError
 
 from dlrm.app.config import ConfigError, RunConfig
-from dlrm.app.elastic import newest_checkpoint, train_elastic
+from dlrm.app.elastic import checkpoint_to_continue_from, train_elastic
 from dlrm.app.modes.training import TrainProgress, train
 from dlrm.checkpoint.format import CheckpointError
 from dlrm.distributed.launcher import launched_elastic
@@ -56,7 +56,7 @@ def test_an_elastic_launch_is_horovodrun_with_a_discovery_script() -> None:
 
 def test_nothing_to_continue_from_names_the_step_and_directory(tmp_path: Path) -> None:
     with pytest.raises(CheckpointError, match=r"a rank was lost at step 7 and .* holds no"):
-        newest_checkpoint(str(tmp_path), 7, "a rank was lost")
+        checkpoint_to_continue_from(str(tmp_path), 7, "a rank was lost")
 
 
 def test_an_elastic_run_needs_a_checkpoint_directory() -> None:

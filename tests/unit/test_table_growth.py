@@ -20,10 +20,11 @@ import yaml
 
 from dataloading.errors import DatasetError
 from dataloading.synthetic import generate_split_binary
-from dlrm.app.assembly import AssembledRun, assemble_run, open_checkpoint
+from dlrm.app.assembly import AssembledRun, assemble_run
 from dlrm.app.config import ConfigError, RunConfig
 from dlrm.app.modes.training import train
 from dlrm.app.reporting import MetricsLog
+from dlrm.app.restore import open_checkpoint
 from dlrm.checkpoint.format import CheckpointError, list_checkpoints
 from dlrm.checkpoint.reader import Checkpoint
 from dlrm.embedding.base import read_rows
