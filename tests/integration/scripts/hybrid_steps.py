@@ -35,74 +35,19 @@ from pathlib import Path
 import numpy as np
 
 from dataloading.split_binary import SplitBinaryDataset
-from dlrm.app.assembly import assemble_run, planning_hotness
+from dlrm.app.assembly import assemble_run
 from dlrm.app.config import RunConfig
 from dlrm.app.reporting import MetricsLog
+from dlrm.app.sharding import planning_hotness
 from dlrm.distributed.collectives import Collectives, create_collectives
-from dlrm.embedding.planner.placement import PlannerConfig, plan_sharding
-from dlrm.embedding.planner.plan import ShardingPlan, TablePlan
 from dlrm.embedding.planner.types import TableSpec
-from dlrm.embedding.shard import ShardingKind, TableShard
 from dlrm.variables import variable_name
 from feature_spec import FeatureSpec
+from tests.harness.placements import DIM, PLANNER_DATA_PARALLEL_THRESHOLD, plan_for
 
-DIM = 6
 CHUNK_ROWS = 20  # under the chunks variant: 96 rows are 20 x 4 + 16, 48 are 20 x 2 + 8
 CROSS_WIDTHS = (4, 6, 8)  # table t is CROSS_WIDTHS[t % 3] wide under the cross variant
-UNIFORM = ("data_parallel", "table_wise", "column_wise", "row_wise")
-
-
-def table_plan(t: int, spec: TableSpec, kind: str, world: int, rank: int = 0) -> TablePlan:
-    """Table `t` placed as `kind` (whole on `rank` when table-wise)."""
-    sharding = ShardingKind(kind)
-    if sharding == ShardingKind.DATA_PARALLEL:
-        places = [(r, (0, spec.rows), (0, spec.dim)) for r in range(world)]
-    elif sharding == ShardingKind.TABLE_WISE:
-        places = [(rank, (0, spec.rows), (0, spec.dim))]
-    elif sharding == ShardingKind.COLUMN_WISE:
-        edges = np.linspace(0, spec.dim, world + 1).astype(int)
-        places = [(r, (0, spec.rows), (int(edges[r]), int(edges[r + 1]))) for r in range(world)]
-    else:
-        edges = np.linspace(0, spec.rows, world + 1).astype(int)
-        places = [(r, (int(edges[r]), int(edges[r + 1])), (0, spec.dim)) for r in range(world)]
-    shards = tuple(TableShard(t, sharding, r, rows, cols) for r, rows, cols in places)
-    return TablePlan(t, sharding, spec, shards)
-
-
-# The planner's threshold under the `planner` placement: the smallest tables replicated.
-PLANNER_DATA_PARALLEL_THRESHOLD = 10 * DIM
 LEARNING_RATES = {"sgd": 0.5, "adagrad": 0.1, "adam": 0.01}
-
-
-def plan_for(kind: str, specs: list[TableSpec], world: int, batch: int) -> ShardingPlan:
-    """The plan of placement `kind`; replicated tables' gradients are exchanged as
-    the planner's cost model chooses at `batch` (dense for the smallest tables).
-    (A run of this script leaves `planner` to `assemble_run`, as `dlrm-train`.)"""
-    if kind == "planner":
-        config = PlannerConfig(
-            world_size=world,
-            data_parallel_threshold=PLANNER_DATA_PARALLEL_THRESHOLD,
-            global_batch_size=batch,
-        )
-        return plan_sharding(specs, config)
-    tables = []
-    for t, spec in enumerate(specs):
-        if kind in UNIFORM:
-            tables.append(table_plan(t, spec, kind, world, rank=t % world))
-        elif kind == "mixed":
-            tables.append(table_plan(t, spec, UNIFORM[t % 4], world, rank=t % world))
-        elif kind == "idle_rank":
-            tables.append(table_plan(t, spec, "table_wise" if t == 0 else "data_parallel", world))
-        elif kind == "one_rank":
-            tables.append(table_plan(t, spec, "table_wise", world))
-        elif kind == "row_wise_rank":
-            if t % 2 == 0 or world == 1:
-                tables.append(table_plan(t, spec, "row_wise", world))
-            else:
-                tables.append(table_plan(t, spec, "table_wise", world, rank=t % (world - 1)))
-        else:
-            raise ValueError(f"unknown placement {kind!r}")
-    return ShardingPlan(world, "basic", tuple(tables), global_batch_size=batch)
 
 
 def main() -> None:
@@ -183,14 +128,14 @@ def train(
         plan_file = directory / f"plan_rank{rank}.json"
         plan_for(kind, specs, world, batch).save(plan_file)
         config = dataclasses.replace(config, sharding_plan=str(plan_file))
-    session = assemble_run(config, MetricsLog(None, None, enabled=False), collectives)
-    trainer = session.trainer
+    assembled = assemble_run(config, MetricsLog(None, None, enabled=False), collectives)
+    trainer = assembled.trainer
     assert trainer is not None
-    data = SplitBinaryDataset(session.spec, "train", session.shard(batch)).to_tf_dataset()
+    data = SplitBinaryDataset(assembled.spec, "train", assembled.shard(batch)).to_tf_dataset()
     losses = [float(trainer.train_step(b)) for b in data.take(steps)]
     trainer.check_finite()
     arrays = {variable_name(v): v.numpy() for v in trainer.dense_variables}
-    for s, variable in session.model.embeddings.local_shards():
+    for s, variable in assembled.model.embeddings.local_shards():
         key = f"table_{s.table}_{s.rows[0]}_{s.rows[1]}_{s.columns[0]}_{s.columns[1]}"
         arrays[key] = variable.numpy()
     arrays["losses"] = np.array(losses)
