@@ -94,8 +94,7 @@ def train_elastic(
     """Trains across worlds until the run ends; `report(log, summary)` writes
     the summary with the last world's log. Raises what a world raised that was
     not a lost rank (bad data, a non-finite loss, ...)."""
-    directory = config.save_checkpoint_path
-    if not directory:
+    if not config.save_checkpoint_path:
         raise ConfigError(
             "under horovodrun --host-discovery-script (Horovod Elastic): needs "
             "--save_checkpoint_path, the checkpoints every new world continues from"
@@ -108,67 +107,90 @@ def train_elastic(
     previous: Continuation | None = None
     try:
         while True:
-            collectives = membership.collectives(config.bind_cpus)
-            # The launcher's HOROVOD_RANK is the first world's; errors are reported
-            # once per job by the current rank 0 (`dlrm.distributed.launcher.reports`).
-            os.environ["HOROVOD_RANK"] = str(collectives.rank)
-            check_world_size(config, collectives.world_size)
-            totals.worlds.append(collectives.world_size)
-            log = MetricsLog(
-                config.metrics_log_path,
-                config.tensorboard_path,
-                enabled=collectives.rank == 0,
-                console=console,
-            )
-            # Until the world trains, it stands where the last one left off.
-            at = previous.checkpoint.step if previous is not None else 0
-            progress = TrainProgress(start_step=at, step=at)
-            run: AssembledRun | None = None
-            try:
-                run = assemble_run(config, log, collectives)
-                if previous is not None:
-                    announce(run, previous, totals)
-                    progress.on_first_step = recovered(run, previous)
-                summary = train(run, progress, after_checkpoint=membership.check_host_updates)
-                totals.steps_trained += progress.step - progress.start_step
-                summary["elastic"] = totals.record()
-                report(log, summary)
-                return summary
-            except HostsChanged:
-                reason, peer, ended_at = HOSTS_CHANGED, None, time.time()
-            except Exception as error:
-                if not lost_a_rank(error):
-                    raise
-                reason, peer, ended_at = LOST_A_RANK, lost_peer(error), time.time()
-            finally:
-                log.close()
-            totals.steps_trained += progress.step - progress.start_step
-            # A world that failed before its run was built never learnt its hosts:
-            # the last world's stand in for them in the report.
-            if run is not None:
-                hosts = run.hosts
-            else:
-                hosts = previous.hosts if previous is not None else [socket.gethostname()]
-            checkpoint = checkpoint_to_continue_from(directory, progress.step, reason)
-            previous = Continuation(reason, ended_at, progress.step, checkpoint, hosts)
-            if reason == LOST_A_RANK:
-                totals.rolled_back_steps += previous.rolled_back_steps
-                # Every survivor says it: rank 0 may be the one that was lost.
-                print(
-                    f"elastic: {reason}"
-                    + (f" ({peer})" if peer else "")
-                    + f" at step {progress.step:,} of a world of "
-                    f"{collectives.world_size} ranks ({', '.join(hosts)}); continuing from "
-                    f"{checkpoint.path} (step {checkpoint.step:,}) once horovodrun forms a "
-                    "world of at least --min-np ranks (it waits up to --elastic-timeout)",
-                    file=console,
-                    flush=True,
-                )
+            ended = train_world(config, console, report, membership, totals, previous)
+            if not isinstance(ended, Continuation):
+                return ended
+            previous = ended
             totals.resets += 1
-            del run
             membership.reset()
     finally:
         membership.close()
+
+
+def train_world(
+    config: RunConfig,
+    console: TextIO | None,
+    report: Callable[[MetricsLog, dict[str, Any]], None],
+    membership: ElasticMembership,
+    totals: ElasticTotals,
+    previous: Continuation | None,
+) -> dict[str, Any] | Continuation:
+    """One world, from the checkpoint `previous` continued from (or the run's
+    start): trains to the end and returns the summary, or returns where the next
+    world continues after a rank was lost or the hosts changed."""
+    collectives = membership.collectives(config.bind_cpus)
+    # The launcher's HOROVOD_RANK is the first world's; errors are reported
+    # once per job by the current rank 0 (`dlrm.distributed.launcher.reports`).
+    os.environ["HOROVOD_RANK"] = str(collectives.rank)
+    check_world_size(config, collectives.world_size)
+    totals.worlds.append(collectives.world_size)
+    log = MetricsLog(
+        config.metrics_log_path, config.tensorboard_path, collectives.rank == 0, console
+    )
+    # Until the world trains, it stands where the last one left off.
+    at = previous.checkpoint.step if previous is not None else 0
+    progress = TrainProgress(start_step=at, step=at)
+    run: AssembledRun | None = None
+    try:
+        run = assemble_run(config, log, collectives)
+        if previous is not None:
+            announce(run, previous, totals)
+            progress.on_first_step = recovered(run, previous)
+        summary = train(run, progress, after_checkpoint=membership.check_host_updates)
+        totals.steps_trained += progress.step - progress.start_step
+        summary["elastic"] = totals.record()
+        report(log, summary)
+        return summary
+    except HostsChanged:
+        reason, peer, ended_at = HOSTS_CHANGED, None, time.time()
+    except Exception as error:
+        if not lost_a_rank(error):
+            raise
+        reason, peer, ended_at = LOST_A_RANK, lost_peer(error), time.time()
+    finally:
+        log.close()
+    totals.steps_trained += progress.step - progress.start_step
+    # A world that failed before its run was built never learnt its hosts: the last
+    # world's stand in for them in the report.
+    if run is not None:
+        hosts = run.hosts
+    elif previous is not None:
+        hosts = previous.hosts
+    else:
+        hosts = [socket.gethostname()]
+    assert config.save_checkpoint_path
+    checkpoint = checkpoint_to_continue_from(config.save_checkpoint_path, progress.step, reason)
+    ended = Continuation(reason, ended_at, progress.step, checkpoint, hosts)
+    if reason == LOST_A_RANK:
+        totals.rolled_back_steps += ended.rolled_back_steps
+        say_lost(ended, peer, collectives.world_size, console)
+    return ended
+
+
+def say_lost(
+    ended: Continuation, peer: str | None, world_size: int, console: TextIO | None
+) -> None:
+    """Every survivor says it (rank 0 may be the one that was lost)."""
+    print(
+        f"elastic: {ended.reason}"
+        + (f" ({peer})" if peer else "")
+        + f" at step {ended.step:,} of a world of {world_size} ranks "
+        f"({', '.join(ended.hosts)}); continuing from {ended.checkpoint.path} (step "
+        f"{ended.checkpoint.step:,}) once horovodrun forms a world of at least --min-np "
+        "ranks (it waits up to --elastic-timeout)",
+        file=console,
+        flush=True,
+    )
 
 
 def announce(run: AssembledRun, previous: Continuation, totals: ElasticTotals) -> None:
