@@ -24,11 +24,7 @@ from dlrm.train.trainer import Trainer
 from dlrm.variables import variable_name
 
 STEP_KEY = "trainer/step"
-
-
 ITERATIONS_KEY = "optimizer/iterations"
-
-
 LOSS_SCALE_KEYS = ("loss_scale/scale", "loss_scale/good_steps")
 
 
@@ -45,7 +41,7 @@ def save_training_state(
     all ranks share); rank 0 writes the dense part and replicated tables, then
     the manifest once every rank has finished. No rank gathers the model, and
     no rank copies a shard: each shard and slot is streamed to its file in row
-    chunks (`read_rows`), so a table of any size saves in one chunk of memory.
+    blocks (`read_rows`), so a table of any size saves in one block of memory.
 
     Each of the three stages ends in one collective that every rank reaches
     whether its part worked or not; if any rank failed, every rank raises
@@ -54,38 +50,45 @@ def save_training_state(
     """
     trainer.check_finite()
     collectives = trainer.collectives
-    is_rank_zero = collectives.rank == 0
     step = int(trainer.step.numpy())
-    writer: CheckpointWriter | None = None
+    where = f"checkpoint step {step} in {root}"
+    staged: list[CheckpointWriter] = []
 
     def stage() -> None:
-        nonlocal writer
-        if is_rank_zero:
-            writer = CheckpointWriter(root, step, create=True)
+        if collectives.rank == 0:
+            staged.append(CheckpointWriter(root, step, create=True))
 
-    on_every_rank(collectives, f"staging checkpoint step {step} in {root}", "save_stage", stage)
+    on_every_rank(collectives, f"staging {where}", "save_stage", stage)
+    writer, contents = _write_parts(trainer, root, step, staged, where)
+
+    def publish() -> None:
+        if collectives.rank == 0:
+            manifest = {**manifest_fields, "optimizer": trainer.optimizer.hyperparameters()}
+            writer.commit(manifest, keep=keep, gathered=contents)
+
+    on_every_rank(collectives, f"publishing {where}", "save_publish", publish)
+    return writer.final
+
+
+def _write_parts(
+    trainer: Trainer,
+    root: str | os.PathLike[str],
+    step: int,
+    staged: list[CheckpointWriter],
+    where: str,
+) -> tuple[CheckpointWriter, list[dict[str, Any]]]:
+    """Every rank's part, written into the staging directory rank 0 created
+    (`staged`: its writer there); returns this rank's writer and every rank's
+    contents. If any rank failed, every rank raises `CheckpointError` naming it,
+    and the staging directory goes."""
+    collectives = trainer.collectives
     contents: dict[str, Any] = {}
 
     def write() -> None:
-        nonlocal writer
-        if writer is None:
-            writer = CheckpointWriter(root, step, create=False)
-        if is_rank_zero:
-            writer.add_dense(_dense_arrays(trainer, step))
-        for shard, variable in trainer.model.embeddings.local_shards():
-            if shard.kind == ShardingKind.DATA_PARALLEL and not is_rank_zero:
-                continue  # rank 0 writes the one copy
-            # Streamed in row chunks: no copy of the shard or its slots in memory.
-            writer.add_table_shard(
-                shard,
-                trainer.model.embeddings.table_shape(shard.table),
-                functools.partial(read_rows, variable),
-                {
-                    slot: functools.partial(read_rows, value)
-                    for slot, value in trainer.optimizer.slots(variable).items()
-                },
-            )
-        contents.update(writer.contents())
+        if not staged:
+            staged.append(CheckpointWriter(root, step, create=False))
+        _write_own_part(trainer, staged[0], step)
+        contents.update(staged[0].contents())
 
     error = attempt(write)
     gathered = collectives.allgather_object(
@@ -94,23 +97,32 @@ def save_training_state(
     )
     failed = [(rank, message) for rank, (message, _) in enumerate(gathered) if message]
     if failed:
-        if is_rank_zero and writer is not None:
-            shutil.rmtree(writer.staging, ignore_errors=True)
-        raise rank_failure(f"writing checkpoint step {step} in {root}", failed, error)
+        if collectives.rank == 0 and staged:
+            shutil.rmtree(staged[0].staging, ignore_errors=True)
+        raise rank_failure(f"writing {where}", failed, error)
+    return staged[0], [part for _, part in gathered]
 
-    def publish() -> None:
-        if is_rank_zero and writer is not None:
-            writer.commit(
-                {**manifest_fields, "optimizer": trainer.optimizer.hyperparameters()},
-                keep=keep,
-                gathered=[part for _, part in gathered],
-            )
 
-    on_every_rank(
-        collectives, f"publishing checkpoint step {step} in {root}", "save_publish", publish
-    )
-    assert writer is not None
-    return writer.final
+def _write_own_part(trainer: Trainer, writer: CheckpointWriter, step: int) -> None:
+    """This rank's table shards and their slots (rank 0: also the dense part and
+    the one copy of each replicated table), each streamed in row blocks
+    (`read_rows`): no copy of a shard or its slots in memory."""
+    is_rank_zero = trainer.collectives.rank == 0
+    if is_rank_zero:
+        writer.add_dense(_dense_arrays(trainer, step))
+    embeddings = trainer.model.embeddings
+    for shard, variable in embeddings.local_shards():
+        if shard.kind == ShardingKind.DATA_PARALLEL and not is_rank_zero:
+            continue
+        writer.add_table_shard(
+            shard,
+            embeddings.table_shape(shard.table),
+            functools.partial(read_rows, variable),
+            {
+                slot: functools.partial(read_rows, value)
+                for slot, value in trainer.optimizer.slots(variable).items()
+            },
+        )
 
 
 def _dense_arrays(trainer: Trainer, step: int) -> dict[str, np.ndarray]:
