@@ -183,7 +183,6 @@ class Trainer:
     def _train_step_eager(self, batch: Batch, requests: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
         learning_rate = self.learning_rate(self.step)
         embeddings = self.model.embeddings
-        use_kernels = self.model.use_kernels
         scale = self.loss_scale.scale if self.loss_scale else tf.constant(1.0)
         spans = chunk_bounds(batch.numerical.shape[0], self.dense_chunk_rows)
         lookup = embeddings.forward(batch.categorical, tf.shape(batch.numerical)[0], spans)
@@ -195,46 +194,22 @@ class Trainer:
             batch.weight,
             scale,
         )
-        # This rank's verdict on what only it computed: its loss, and the vectors'
-        # gradient, from which the tables' gradients are made wherever they live.
-        # On several ranks it is summed with the dense gradients, and every rank
-        # decides alike from the sums; the rank's requests travel with it.
-        verdict = tf.concat(
-            [
-                tf.cast(
-                    tf.stack(
-                        [
-                            tf.logical_not(all_finite(vector_gradients, use_kernels)),
-                            tf.logical_not(tf.math.is_finite(loss)),
-                        ]
-                    ),
-                    tf.float32,
-                ),
-                requests,
-            ],
-            axis=0,
-        )
+        verdict = self._verdict(loss, vector_gradients, requests)
         embedding_gradients = embeddings.backward(lookup, vector_gradients)
-        if self.collectives.world_size > 1:
-            names = ["non_finite", *(f"gradient_dense_{i}" for i in range(len(dense_gradients)))]
-            # Once the layer's exchanges are done: an allreduce of its own in flight
-            # beside this one could be fused with it, either way round, and the
-            # sums would not repeat from run to run (`dlrm.distributed.collectives.packed`).
-            receipt = embedding_gradients.receipt
-            with tf.control_dependencies([] if receipt is None else [receipt]):
-                verdict, *dense_gradients = self.collectives.allreduce_sum(
-                    [verdict, *dense_gradients], names
-                )
+        verdict, dense_gradients = self._sum_over_ranks(
+            verdict, dense_gradients, embedding_gradients.receipt
+        )
         gradient_scale = None
         if self.loss_scale is not None:
             gradient_scale = 1.0 / scale
             dense_gradients = [g * gradient_scale for g in dense_gradients]
         gradients_finite = tf.logical_and(
-            tf.logical_and(all_finite(dense_gradients, use_kernels), embedding_gradients.finite),
+            tf.logical_and(
+                all_finite(dense_gradients, self.model.use_kernels), embedding_gradients.finite
+            ),
             verdict[0] == 0,
         )
         loss_finite = verdict[1] == 0
-        apply = tf.logical_and(gradients_finite, loss_finite)
 
         def update() -> None:
             # The embedding rows first: the dense update ends the optimizer's step.
@@ -243,18 +218,54 @@ class Trainer:
             )
             self.optimizer.apply(dense_gradients, self.dense_variables, learning_rate)
 
-        tf.cond(apply, update, lambda: None)
+        tf.cond(tf.logical_and(gradients_finite, loss_finite), update, lambda: None)
+        self._record_outcome(loss, gradients_finite, loss_finite)
+        self.step.assign_add(1)
+        return loss, verdict[2:] > 0
+
+    def _verdict(
+        self, loss: tf.Tensor, vector_gradients: list[tf.Tensor], requests: tf.Tensor
+    ) -> tf.Tensor:
+        """This rank's verdict on what only it computed: whether its vectors' gradient
+        (from which the tables' gradients are made, wherever they live) and its loss
+        are not finite, then its requests; as float32, to be summed over ranks."""
+        bad = tf.stack(
+            [
+                tf.logical_not(all_finite(vector_gradients, self.model.use_kernels)),
+                tf.logical_not(tf.math.is_finite(loss)),
+            ]
+        )
+        return tf.concat([tf.cast(bad, tf.float32), requests], axis=0)
+
+    def _sum_over_ranks(
+        self, verdict: tf.Tensor, dense_gradients: list[tf.Tensor], receipt: tf.Tensor | None
+    ) -> tuple[tf.Tensor, list[tf.Tensor]]:
+        """The verdicts and the dense gradients summed over the ranks, in one
+        allreduce, so that every rank decides alike from the sums."""
+        if self.collectives.world_size == 1:
+            return verdict, dense_gradients
+        names = ["non_finite", *(f"gradient_dense_{i}" for i in range(len(dense_gradients)))]
+        # Once the layer's exchanges are done (`receipt`): an allreduce of its own in
+        # flight beside this one could be fused with it, either way round, and the
+        # sums would not repeat from run to run (`dlrm.distributed.collectives.packed`).
+        with tf.control_dependencies([] if receipt is None else [receipt]):
+            verdict, *summed = self.collectives.allreduce_sum([verdict, *dense_gradients], names)
+        return verdict, summed
+
+    def _record_outcome(
+        self, loss: tf.Tensor, gradients_finite: tf.Tensor, loss_finite: tf.Tensor
+    ) -> None:
+        """The loss scale follows the gradients; the first step that failed is kept
+        for `check_finite`. Overflowing scaled gradients are expected with float16,
+        a bad loss is not."""
         if self.loss_scale is not None:
             self.loss_scale.update(gradients_finite)
-            # Overflowing scaled gradients are expected with float16; a bad loss is not.
             failed = tf.logical_not(loss_finite)
         else:
-            failed = tf.logical_not(apply)
+            failed = tf.logical_not(tf.logical_and(gradients_finite, loss_finite))
         record = tf.logical_and(failed, self.first_non_finite_step < 0)
         self.first_non_finite_step.assign(tf.where(record, self.step, self.first_non_finite_step))
         self.first_non_finite_loss.assign(tf.where(record, loss, self.first_non_finite_loss))
-        self.step.assign_add(1)
-        return loss, verdict[2:] > 0
 
     def train_step(self, batch: Batch) -> tf.Tensor:
         """One optimizer step on one global batch; returns the (unscaled) loss."""
