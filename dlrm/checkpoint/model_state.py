@@ -19,8 +19,6 @@ from dlrm.variables import variable_name
 from feature_spec.vocabulary import VocabularyLineage
 
 CARDINALITIES = "cardinalities"  # the field of the model config that may grow
-
-
 VOCABULARY_FIELD = "vocabulary"  # the manifest's: the dataset vocabulary's id, or None
 
 
@@ -44,6 +42,26 @@ def check_model_matches(
     # A manifest written before a field existed holds the model that field's
     # legacy value describes (a dot model, before cross layers existed).
     saved = {**LEGACY_VALUES, **saved}
+    _check_same_architecture(checkpoint, saved, model_config)
+    old, new = list(saved.get(CARDINALITIES) or []), list(model_config[CARDINALITIES])
+    smaller = [(t, o, n) for t, (o, n) in enumerate(zip(old, new, strict=True)) if o > n]
+    if smaller:
+        raise CheckpointError(
+            f"{checkpoint.path}: "
+            + "; ".join(
+                f"table {t} has {o:,} rows, this run's dataset {n:,}" for t, o, n in smaller
+            )
+            + ". A checkpoint's tables can grow to a dataset's cardinalities, never shrink "
+            "(expected the dataset the checkpoint was trained on, or one whose vocabulary "
+            "extends it: preprocess with --vocabulary_from)"
+        )
+    _check_growth(checkpoint, grown_tables(checkpoint, new), lineage)
+
+
+def _check_same_architecture(
+    checkpoint: Checkpoint, saved: Mapping[str, Any], model_config: Mapping[str, Any]
+) -> None:
+    """Every field but the tables' rows equal, and as many tables."""
     differences = [
         f"{key}: checkpoint {saved.get(key)!r}, this run {value!r}"
         for key, value in model_config.items()
@@ -58,18 +76,14 @@ def check_model_matches(
         raise CheckpointError(
             f"{checkpoint.path}: written for another model or dataset; " + "; ".join(differences)
         )
-    smaller = [(t, o, n) for t, (o, n) in enumerate(zip(old, new, strict=True)) if o > n]
-    if smaller:
-        raise CheckpointError(
-            f"{checkpoint.path}: "
-            + "; ".join(
-                f"table {t} has {o:,} rows, this run's dataset {n:,}" for t, o, n in smaller
-            )
-            + ". A checkpoint's tables can grow to a dataset's cardinalities, never shrink "
-            "(expected the dataset the checkpoint was trained on, or one whose vocabulary "
-            "extends it: preprocess with --vocabulary_from)"
-        )
-    grown = grown_tables(checkpoint, new)
+
+
+def _check_growth(
+    checkpoint: Checkpoint,
+    grown: list[tuple[int, int, int]],
+    lineage: VocabularyLineage | None,
+) -> None:
+    """Tables grow only when the dataset's vocabulary extends the checkpoint's."""
     if not grown:
         return
     vocabulary = checkpoint.manifest.get(VOCABULARY_FIELD)

@@ -262,7 +262,13 @@ class ShardedEmbeddings(Embeddings):
         self.wire_dtype = tf.as_dtype(wire_dtype)
         if self.wire_dtype not in (tf.float32, tf.bfloat16, tf.float16):
             raise ValueError(f"wire_dtype: expected float32, bfloat16 or float16, got {wire_dtype}")
-        # Model-parallel shards per rank, in the order their outputs are sent.
+        self._lay_out_exchanges(plan)
+        self._create_shard_variables(plan)
+
+    def _lay_out_exchanges(self, plan: ShardingPlan) -> None:
+        """Who sends what to whom, the same on every rank: each rank's
+        model-parallel shards in the order their outputs are sent, their widths,
+        and which tables' ids this rank reads."""
         self.sent = [
             sorted(
                 (s for s in plan.local_shards(r) if s.kind.is_model_parallel),
@@ -281,15 +287,18 @@ class ShardedEmbeddings(Embeddings):
         self.variable_length = tuple(h == 0 for h in self.hotness)
         # Whether data-parallel input sends variable-length ids (a second alltoall,
         # which every rank then runs).
-        self.exchanges_variable_ids = data_parallel_input and any(
+        self.exchanges_variable_ids = self.data_parallel_input and any(
             self.variable_length[t] for tables in self.model_parallel_tables for t in tables
         )
         # Tables whose ids this rank reads (model-parallel input), in loader order.
         self.input_tables = tuple(
-            range(len(specs))
-            if data_parallel_input
+            range(len(plan.tables))
+            if self.data_parallel_input
             else sorted(set(self.model_parallel_tables[self.rank]) | set(self.replicated_tables))
         )
+
+    def _create_shard_variables(self, plan: ShardingPlan) -> None:
+        """This rank's model-parallel shards, then its copies of the replicated tables."""
         self.shard_variables = [(s, self.create_shard_variable(s)) for s in self.mine]
         replicated = [
             s for s in plan.local_shards(self.rank) if s.kind == ShardingKind.DATA_PARALLEL

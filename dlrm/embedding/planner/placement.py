@@ -195,6 +195,35 @@ def _use_every_rank(
     return result, notes
 
 
+class _RankLoads:
+    """Each rank's memory and lookup bytes so far, as shares of the ideal per-rank
+    load, so that bytes of memory and bytes of lookup traffic are comparable."""
+
+    def __init__(self, costs: list[tuple[int, int]], world_size: int, strategy: str) -> None:
+        self.costs, self.strategy = costs, strategy
+        self.ideal_memory = max(sum(m for m, _ in costs) / world_size, 1.0)
+        self.ideal_lookup = max(sum(k for _, k in costs) / world_size, 1.0)
+        self.memory, self.lookup = [0] * world_size, [0] * world_size
+
+    def weight(self, i: int) -> tuple[float, int]:
+        """Heavier pieces first: their place matters most."""
+        if self.strategy == "memory_balanced":
+            return -self.costs[i][0], i
+        return -max(self.costs[i][0] / self.ideal_memory, self.costs[i][1] / self.ideal_lookup), i
+
+    def score(self, i: int, rank: int) -> tuple[float, float, int]:
+        """How loaded `rank` would be with piece `i` (lower is better)."""
+        share_memory = (self.memory[rank] + self.costs[i][0]) / self.ideal_memory
+        share_lookup = (self.lookup[rank] + self.costs[i][1]) / self.ideal_lookup
+        if self.strategy == "memory_balanced":
+            return share_memory, share_lookup, rank
+        return max(share_memory, share_lookup), share_memory + share_lookup, rank
+
+    def add(self, i: int, rank: int) -> None:
+        self.memory[rank] += self.costs[i][0]
+        self.lookup[rank] += self.costs[i][1]
+
+
 def _choose_ranks(
     pieces: list[TableShard],
     tables: Sequence[TableSpec],
@@ -211,53 +240,40 @@ def _choose_ranks(
         )
         for shard in pieces
     ]
-    # Normalise by the ideal per-rank load so that bytes of memory and bytes of
-    # lookup traffic are comparable.
-    ideal_memory = max(sum(m for m, _ in costs) / n, 1.0)
-    ideal_lookup = max(sum(k for _, k in costs) / n, 1.0)
-    memory, lookup = [0] * n, [0] * n
-    taken: set[tuple[int, int]] = set()  # (table, rank): one shard of a table per rank
-
-    def score(i: int, rank: int) -> tuple[float, float, int]:
-        share_memory = (memory[rank] + costs[i][0]) / ideal_memory
-        share_lookup = (lookup[rank] + costs[i][1]) / ideal_lookup
-        if config.strategy == "memory_balanced":
-            return share_memory, share_lookup, rank
-        return max(share_memory, share_lookup), share_memory + share_lookup, rank
-
-    def weight(i: int) -> tuple[float, int]:
-        if config.strategy == "memory_balanced":
-            return -costs[i][0], i
-        return -max(costs[i][0] / ideal_memory, costs[i][1] / ideal_lookup), i
-
-    order = (
-        range(len(pieces)) if config.strategy == "basic" else sorted(range(len(pieces)), key=weight)
-    )
+    loads = _RankLoads(costs, n, config.strategy)
+    basic = config.strategy == "basic"
+    order = range(len(pieces)) if basic else sorted(range(len(pieces)), key=loads.weight)
     ranks = [0] * len(pieces)
+    taken: set[tuple[int, int]] = set()  # (table, rank): one shard of a table per rank
     for count, i in enumerate(order):
-        shard = pieces[i]
-        table = shard.table
-        if config.strategy == "basic":
-            allowed = [count % n]
-        else:
-            allowed = [r for r in range(n) if (table, r) not in taken]
-        need = costs[i][0]
-        fitting = [r for r in allowed if available is None or memory[r] + need <= available]
+        table, need = pieces[i].table, costs[i][0]
+        allowed = [count % n] if basic else [r for r in range(n) if (table, r) not in taken]
+        fitting = [r for r in allowed if available is None or loads.memory[r] + need <= available]
         if not fitting:
-            rank = min(allowed, key=lambda r: memory[r])
-            left = available or 0  # only a budget makes a rank not fit
-            raise PlanError(
-                f"table {table} shard rows {shard.rows} columns {shard.columns} "
-                f"({format_bytes(need)}) fits no rank ({config.strategy} strategy): "
-                f"rank {rank} would hold {format_bytes(memory[rank] + need)}, "
-                f"{format_bytes(memory[rank] + need - left)} over the "
-                f"{format_bytes(left)} its budget leaves for model-parallel shards"
-            )
-        ranks[i] = min(fitting, key=lambda r: score(i, r))
+            raise _fits_no_rank(pieces[i], need, allowed, loads, available, config.strategy)
+        ranks[i] = min(fitting, key=lambda r: loads.score(i, r))
         taken.add((table, ranks[i]))
-        memory[ranks[i]] += need
-        lookup[ranks[i]] += costs[i][1]
+        loads.add(i, ranks[i])
     return ranks
+
+
+def _fits_no_rank(
+    shard: TableShard,
+    need: int,
+    allowed: list[int],
+    loads: _RankLoads,
+    available: int | None,
+    strategy: str,
+) -> PlanError:
+    rank = min(allowed, key=lambda r: loads.memory[r])
+    left = available or 0  # only a budget makes a rank not fit
+    return PlanError(
+        f"table {shard.table} shard rows {shard.rows} columns {shard.columns} "
+        f"({format_bytes(need)}) fits no rank ({strategy} strategy): "
+        f"rank {rank} would hold {format_bytes(loads.memory[rank] + need)}, "
+        f"{format_bytes(loads.memory[rank] + need - left)} over the "
+        f"{format_bytes(left)} its budget leaves for model-parallel shards"
+    )
 
 
 def plan_sharding(tables: Sequence[TableSpec], config: PlannerConfig) -> ShardingPlan:
