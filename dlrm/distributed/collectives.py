@@ -73,11 +73,11 @@ STALL_DEFAULTS = {
 
 
 # Without GPUs: Horovod's background thread coordinates the ranks' pending
-# collectives every cycle; every 3 ms instead of Horovod's default (1 ms) left
-# more of the CPUs to the ranks' compute. 2 ranks on 2 cores, batch 8192, fp32,
-# 4 alternating runs: 853-876 ms a step against 884-914 ms. A CPU step takes
-# hundreds of ms, so 2 ms more latency per collective round is noise; on GPUs,
-# whose steps take milliseconds, Horovod's default stays. The environment overrides it.
+# collectives every cycle; every 3 ms instead of Horovod's default (1 ms) leaves
+# more of the CPUs to the ranks' compute, and a CPU step takes hundreds of ms, so
+# 2 ms more latency per collective round is noise (measured: docs/performance.md,
+# "Defaults chosen by measurement"). On GPUs, whose steps take milliseconds,
+# Horovod's default stays. The environment overrides it.
 CPU_DEFAULTS = {"HOROVOD_CYCLE_TIME": "3"}
 
 

@@ -73,17 +73,14 @@ def share_cpus(
 
     With `bind`, when the process may run on every CPU of the host (no launcher
     or container bound it), each rank is bound to its own slice (`cpu_slice`)
-    and TensorFlow sizes its pools to it. Left to the kernel, 2 ranks on 2
+    and TensorFlow sizes its pools to it. Left to the kernel, ranks sharing
     cores swapped cores and cache, and one rank often ran ahead of the other
-    and then waited for it in the next collective: 2 ranks, batch 8192, 26
-    tables of 100,000 x 128 in chunks of 1024 rows, 2 alternating pairs:
-    622-666 ms a step bound against 652-740 unbound, a rank waiting on
-    collectives 3.0-6.4 % of the step against 3.5-11.2 % (`docs/performance.md`).
+    and then waited for it in the next collective.
 
     Otherwise each rank gets its share of the CPUs it may run on as intra-op
     threads, at least one: by default every rank starts a pool as large as the
-    machine, and with 2 ranks on 2 cores, 4 compute threads took turns on 2
-    cores (918-967 ms a step against 887-889 ms with one thread each).
+    machine, and their threads take turns on the cores. Both measured in
+    docs/performance.md#defaults-chosen-by-measurement.
     `TF_NUM_INTRAOP_THREADS`, set by the user, leaves the threads to TensorFlow.
     Must run before TensorFlow runs an op."""
     if local_ranks <= 1:

@@ -232,9 +232,7 @@ class Embeddings(keras.layers.Layer):
         # Lookups, gradients and updates use the tf.Variable behind the Keras one
         # (which Keras still tracks): tf.gather on a Keras 3 variable reads the
         # whole table densely, and after a sparse update that read copies it
-        # (measured: a 1 GiB table's first lookup peaked 1 GiB higher; 26 tables
-        # of 100,000 x 128 in a bare gather-and-update loop took 1.1-1.3 s per
-        # step that way, 0.15 s on the tf.Variable).
+        # (docs/performance.md#defaults-chosen-by-measurement).
         return resource_variable(variable)
 
     @staticmethod

@@ -464,10 +464,8 @@ class ShardedEmbeddings(Embeddings):
         of each replicated table, in `replicated_tables` order).
 
         The replicated tables' vectors stay apart: they go into the vectors
-        unsent, so side by side they were copied into one block only to be split
-        again, and their gradient likewise (19 replicated tables of 128 at
-        batch 8192 on 2 ranks: four copies of 40 MB; a rank's op time in copies
-        fell from 84-87 to 51-59 ms per step, its step time within noise)."""
+        unsent, so side by side they would be copied into one block only to be
+        split again, and their gradient likewise."""
         outputs = [
             PIECES[s.kind].lookup(s, variable, routed.global_ids[s.table], self.pooling[s.table])
             for s, variable in self.shard_variables[: len(self.mine)]

@@ -5,22 +5,14 @@ from __future__ import annotations
 
 import dataclasses
 
-# The dense part's chunk on CPUs (`dense_chunk_rows`): at batch 65536 on the 2-core
-# reference machine, chunks of 8192 rows left the step's speed as it was (within the
-# noise) and its peak memory 1 GiB lower in fp32, 1.8 GiB under --xla
-# (docs/performance.md). GPUs run the whole batch: they want large matrices.
+# The dense part's chunk on CPUs (`dense_chunk_rows`): as fast as the whole batch, with
+# the activations of a chunk alive instead of the batch's. GPUs run the whole batch:
+# they want large matrices. Measured: docs/performance.md#defaults-chosen-by-measurement.
 DEFAULT_CPU_DENSE_CHUNK_ROWS = 8192
-
-
-# On several ranks, each chunk's vectors cross between the ranks on their own, so a
+# On several ranks each chunk's vectors cross between the ranks on their own, so a
 # rank's batch is cut into at least this many chunks (of at least the minimum rows)
-# for one chunk's alltoalls to overlap another's compute: 2 ranks, batch 8192, 26
-# tables of 100,000 x 128, ranks bound to a core each, chunks of 1024 against one of
-# 4096, 3 alternating pairs: 627-770 against 641-845 ms a step, a rank waiting on
-# collectives 1.5-8.6 % of it against 3.3-13.9 % (docs/performance.md).
+# for one chunk's alltoalls to overlap another's compute (same page).
 PIPELINED_CHUNKS = 4
-
-
 MIN_PIPELINED_CHUNK_ROWS = 1024
 
 

@@ -73,8 +73,7 @@ def bfloat16_note(float32_gflops: float, bfloat16_gflops: float) -> str:
     training slower here.
 
     Some CPUs report AVX-512 BF16 and still multiply bfloat16 at about half their
-    float32 speed (measured: 163 against 289 GFLOP/s, and a 2-rank step of 950 ms
-    under `--amp` against 612 ms without); others at twice it (400 against 205).
+    float32 speed, others at twice it (docs/performance.md#defaults-chosen-by-measurement).
     """
     speeds = (
         f"--amp: this CPU multiplies {PROBE_SIZE}x{PROBE_SIZE} matrices at "
