@@ -17,8 +17,8 @@ _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _MULTIPLIERS = (np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB))
 # Elements hashed at a time: three buffers of this many 8-byte values stay in
 # the CPU's cache, and in-place passes over them make a table of 2^31 rows
-# about 4x faster to initialise than whole-chunk temporaries did.
-_CHUNK_ELEMENTS = 1 << 18
+# about 4x faster to initialise than whole-block temporaries did.
+_BLOCK_ELEMENTS = 1 << 18
 
 
 def _mix(values: np.ndarray) -> np.ndarray:
@@ -69,7 +69,7 @@ def initial_table_values(
     key = _mix(np.array([seed * 1_000_003 + table], dtype=np.uint64))[0]
     out = np.empty((r1 - r0, c1 - c0), np.float32)
     columns = np.arange(c0, c1, dtype=np.uint64)[None, :]
-    step = max(1, _CHUNK_ELEMENTS // max(c1 - c0, 1))
+    step = max(1, _BLOCK_ELEMENTS // max(c1 - c0, 1))
     hashed = np.empty((min(step, r1 - r0), c1 - c0), np.uint64)
     scratch = np.empty_like(hashed)
     unit = np.empty(hashed.shape, np.float64)

@@ -16,7 +16,7 @@ import tensorflow as tf
 
 from dlrm.embedding.local import LocalEmbeddings
 from dlrm.model.config import ModelConfig
-from dlrm.model.interaction import CHUNK_ROWS, CrossInteraction, DotInteraction
+from dlrm.model.interaction import BLOCK_ROWS, CrossInteraction, DotInteraction
 
 
 def mlp(
@@ -63,9 +63,9 @@ class Dlrm(keras.Model):
         seed: seeds the default embeddings' initial values.
         use_xla: the dense part will be compiled by XLA (`--xla`): the dot
             interaction then runs its products over the whole batch, not in
-            chunks (see `dlrm.interaction`).
+            blocks (see `dlrm.model.interaction`).
         on_gpu: the model runs on a GPU: the dot interaction's products run over
-            the whole batch there too (its chunks are a CPU's cache tuning; a
+            the whole batch there too (its blocks are a CPU's cache tuning; a
             GPU wants large matrices).
         use_kernels: the project's CPU kernels (`dlrm.kernels`; the caller
             checks that they are built and that the model runs on CPUs): the
@@ -115,9 +115,9 @@ class Dlrm(keras.Model):
                 dtype=dtype_policy,
             )
         else:
-            chunk_rows = None if use_xla or on_gpu else CHUNK_ROWS
+            block_rows = None if use_xla or on_gpu else BLOCK_ROWS
             self.interaction = DotInteraction(
-                chunk_rows=chunk_rows, use_kernel=use_kernels and not use_xla, dtype=dtype_policy
+                block_rows=block_rows, use_kernel=use_kernels and not use_xla, dtype=dtype_policy
             )
         self.top_mlp = mlp(
             config.top_mlp_dims, "top_mlp", final_activation=None, dtype_policy=dtype_policy

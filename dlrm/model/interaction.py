@@ -19,11 +19,11 @@ cheaper, measured in `docs/performance.md`:
 - The bottom-MLP output is not concatenated to the embeddings (a copy of the
   step's largest activation, and another of its gradient, which took 12 % of
   the step): its products with them are one batched matrix-vector product.
-- The batched products run over row chunks of `CHUNK_ROWS` samples, whose
+- The batched products run over row blocks of `BLOCK_ROWS` samples, whose
   operands stay in cache: about 1.5 to 2 times faster than one product over a
   large batch on the 2-core reference machine. Not under XLA (`--xla`), which
-  compiles its own loops: there the chunks only added buffers (default model,
-  batch 65536: peak 7.99 GiB chunked, 6.89 whole, and 5 % slower).
+  compiles its own loops: there the blocks only added buffers (default model,
+  batch 65536: peak 7.99 GiB in blocks, 6.89 whole, and 5 % slower).
 
 Faster still, on CPUs, is the project's own kernel (`dlrm.kernels`,
 `use_kernel`): forward and backward each one op that computes a sample's pairs
@@ -43,31 +43,31 @@ import tensorflow as tf
 from dlrm import kernels
 
 # Samples per batched product (see the module docstring).
-CHUNK_ROWS = 512
+BLOCK_ROWS = 512
 
 
-def _chunks(rows: int | None, chunk_rows: int | None) -> list[int] | None:
-    """Row counts of the chunks of a batch of `rows` (None: one product)."""
-    if rows is None or chunk_rows is None or rows <= chunk_rows:
+def _blocks(rows: int | None, block_rows: int | None) -> list[int] | None:
+    """Row counts of the blocks of a batch of `rows` (None: one product)."""
+    if rows is None or block_rows is None or rows <= block_rows:
         return None
-    sizes = [chunk_rows] * (rows // chunk_rows)
-    if rows % chunk_rows:
-        sizes.append(rows % chunk_rows)
+    sizes = [block_rows] * (rows // block_rows)
+    if rows % block_rows:
+        sizes.append(rows % block_rows)
     return sizes
 
 
-def _batched(fn: Any, a: tf.Tensor, b: tf.Tensor, chunk_rows: int | None) -> tf.Tensor:
-    """fn(a, b) over row chunks of the batch (the leading dimension)."""
-    sizes = _chunks(a.shape[0], chunk_rows)
+def _batched(fn: Any, a: tf.Tensor, b: tf.Tensor, block_rows: int | None) -> tf.Tensor:
+    """fn(a, b) over row blocks of the batch (the leading dimension)."""
+    sizes = _blocks(a.shape[0], block_rows)
     if sizes is None:
         return fn(a, b)
     pieces = zip(tf.split(a, sizes), tf.split(b, sizes), strict=True)
     return tf.concat([fn(x, y) for x, y in pieces], axis=0)
 
 
-def _gram(vectors: tf.Tensor, chunk_rows: int | None) -> tf.Tensor:
+def _gram(vectors: tf.Tensor, block_rows: int | None) -> tf.Tensor:
     """vectors [B, n, D] -> [B, n, n]: V V^T per sample."""
-    return _batched(lambda x, _: tf.matmul(x, x, transpose_b=True), vectors, vectors, chunk_rows)
+    return _batched(lambda x, _: tf.matmul(x, x, transpose_b=True), vectors, vectors, block_rows)
 
 
 def _pair_indices(tables: int) -> np.ndarray:
@@ -81,7 +81,7 @@ def _pair_indices(tables: int) -> np.ndarray:
 def dot_interaction(
     dense: tf.Tensor,
     embeddings: tf.Tensor,
-    chunk_rows: int | None = CHUNK_ROWS,
+    block_rows: int | None = BLOCK_ROWS,
     use_kernel: bool = False,
 ) -> tf.Tensor:
     """dense [B, D], embeddings [B, T, D] -> [B, D + (T + 1) T / 2]: `dense`,
@@ -89,7 +89,7 @@ def dot_interaction(
 
     The T + 1 vectors are never concatenated (a copy of the largest tensor of
     the step, and another for its gradient): the products of `dense` and of the
-    embeddings are computed apart. `chunk_rows`: samples per batched product
+    embeddings are computed apart. `block_rows`: samples per batched product
     (None: the whole batch in one). `use_kernel`: run the project's CPU kernel
     (float32 or bfloat16; raises RuntimeError when it was not built).
     """
@@ -102,7 +102,7 @@ def dot_interaction(
     @tf.custom_gradient
     def forward(dense: tf.Tensor, embeddings: tf.Tensor) -> tuple[tf.Tensor, Any]:
         with_dense = tf.matmul(embeddings, dense[:, :, None])  # [B, T, 1]
-        among = _gram(embeddings, chunk_rows)  # [B, T, T]
+        among = _gram(embeddings, block_rows)  # [B, T, T]
         products = tf.reshape(tf.concat([with_dense, among], 2), [-1, tables * (tables + 1)])
         out = tf.concat([dense, tf.gather(products, pairs, axis=1)], axis=1)
 
@@ -116,7 +116,7 @@ def dot_interaction(
             lower = products_gradient[:, :, 1:]  # strictly lower triangular [B, T, T]
             symmetric = lower + tf.transpose(lower, [0, 2, 1])
             embeddings_gradient = _batched(
-                tf.matmul, symmetric, embeddings, chunk_rows
+                tf.matmul, symmetric, embeddings, block_rows
             ) + tf.matmul(with_dense_gradient, dense[:, None, :])
             dense_gradient = (
                 gradient[:, :width]
@@ -135,16 +135,16 @@ class DotInteraction(keras.layers.Layer):
     Inputs: `dense` [B, D] and `vectors` [B, T D] (every table D wide) or
     [B, T, D]. Output: [B, D + (T + 1) T / 2]: `dense` followed by the
     strictly-lower triangle of the Gram matrix of the T + 1 vectors (dense
-    first), row by row. `chunk_rows`: samples per batched product (None: the
+    first), row by row. `block_rows`: samples per batched product (None: the
     whole batch in one, for XLA). `use_kernel`: the project's CPU kernel instead
     (see `dot_interaction`).
     """
 
     def __init__(
-        self, chunk_rows: int | None = CHUNK_ROWS, use_kernel: bool = False, **kwargs: Any
+        self, block_rows: int | None = BLOCK_ROWS, use_kernel: bool = False, **kwargs: Any
     ) -> None:
         super().__init__(**kwargs)
-        self.chunk_rows = chunk_rows
+        self.block_rows = block_rows
         self.use_kernel = use_kernel
         if use_kernel:
             kernels.require()  # fails here, when the model is built, if it is missing
@@ -153,7 +153,7 @@ class DotInteraction(keras.layers.Layer):
         if vectors.shape.rank == 2:
             width = dense.shape[1]
             vectors = tf.reshape(vectors, [-1, vectors.shape[1] // width, width])
-        return dot_interaction(dense, vectors, self.chunk_rows, self.use_kernel)
+        return dot_interaction(dense, vectors, self.block_rows, self.use_kernel)
 
     def compute_output_shape(self, dense_shape: Any, vectors_shape: Any) -> tuple[Any, ...]:
         tables = vectors_shape[1] if len(vectors_shape) == 3 else vectors_shape[1] // dense_shape[1]

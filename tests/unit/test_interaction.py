@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from dlrm.model.interaction import CHUNK_ROWS, CrossInteraction, DotInteraction, dot_interaction
+from dlrm.model.interaction import BLOCK_ROWS, CrossInteraction, DotInteraction, dot_interaction
 
 
 def reference(dense: np.ndarray, embeddings: np.ndarray) -> np.ndarray:
@@ -55,11 +55,11 @@ def _autodiff_reference(dense: Any, embeddings: Any) -> Any:
     ("rows", "compile_as"),
     [
         (5, "eager"),  # one product
-        (CHUNK_ROWS * 2 + 37, "eager"),  # two full chunks and a remainder
-        (CHUNK_ROWS * 2 + 37, "function"),
-        (CHUNK_ROWS + 1, "xla"),
-        (CHUNK_ROWS * 2 + 37, "xla_whole"),  # as --xla runs it: one product, no chunks
-        (CHUNK_ROWS + 1, "unknown_batch"),  # batch size unknown when traced: one product
+        (BLOCK_ROWS * 2 + 37, "eager"),  # two full blocks and a remainder
+        (BLOCK_ROWS * 2 + 37, "function"),
+        (BLOCK_ROWS + 1, "xla"),
+        (BLOCK_ROWS * 2 + 37, "xla_whole"),  # as --xla runs it: one product, no blocks
+        (BLOCK_ROWS + 1, "unknown_batch"),  # batch size unknown when traced: one product
     ],
 )
 def test_values_and_gradients_match_autodiff(rows: int, compile_as: str) -> None:
@@ -84,8 +84,8 @@ def test_values_and_gradients_match_autodiff(rows: int, compile_as: str) -> None
             return tf.function(run, input_signature=signature)
         return run
 
-    chunk_rows = None if compile_as == "xla_whole" else CHUNK_ROWS
-    interaction = functools.partial(dot_interaction, chunk_rows=chunk_rows)
+    block_rows = None if compile_as == "xla_whole" else BLOCK_ROWS
+    interaction = functools.partial(dot_interaction, block_rows=block_rows)
     out, (dense_gradient, embeddings_gradient) = value_and_gradients(interaction)(dense, embeddings)
     want, (want_dense, want_embeddings) = value_and_gradients(_autodiff_reference)(
         dense, embeddings
@@ -99,8 +99,8 @@ def test_values_and_gradients_match_autodiff(rows: int, compile_as: str) -> None
 
 def test_bfloat16_is_within_bfloat16_rounding() -> None:
     rng = np.random.default_rng(1)
-    dense = rng.uniform(-1, 1, size=(CHUNK_ROWS + 3, 8)).astype(np.float32)
-    embeddings = rng.uniform(-1, 1, size=(CHUNK_ROWS + 3, 4, 8)).astype(np.float32)
+    dense = rng.uniform(-1, 1, size=(BLOCK_ROWS + 3, 8)).astype(np.float32)
+    embeddings = rng.uniform(-1, 1, size=(BLOCK_ROWS + 3, 4, 8)).astype(np.float32)
     out = dot_interaction(tf.cast(dense, tf.bfloat16), tf.cast(embeddings, tf.bfloat16))
     assert out.dtype == tf.bfloat16
     want = _autodiff_reference(tf.constant(dense), tf.constant(embeddings)).numpy()

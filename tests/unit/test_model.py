@@ -144,20 +144,20 @@ def test_serving_takes_int64_ids_only_when_a_table_needs_them() -> None:
 
 
 def test_under_xla_the_dot_interaction_runs_whole_batch_products() -> None:
-    """Its chunks only add buffers under XLA; the same weights give the same logits."""
-    from dlrm.model.interaction import CHUNK_ROWS
+    """Its blocks only add buffers under XLA; the same weights give the same logits."""
+    from dlrm.model.interaction import BLOCK_ROWS
 
     rng = np.random.default_rng(3)
-    rows = CHUNK_ROWS + 5
+    rows = BLOCK_ROWS + 5
     numerical = rng.random((rows, 5), dtype=np.float32)
     ids = np.stack([rng.integers(0, c, rows) for c in CARDINALITIES], axis=1).astype(np.int32)
-    chunked, whole = Dlrm(config(), seed=4), Dlrm(config(), seed=4, use_xla=True)
-    assert chunked.interaction.chunk_rows == CHUNK_ROWS and whole.interaction.chunk_rows is None
-    # On a GPU too: the chunks are a CPU's cache tuning.
-    assert Dlrm(config(), on_gpu=True).interaction.chunk_rows is None
-    chunked(numerical, ids)
+    in_blocks, whole = Dlrm(config(), seed=4), Dlrm(config(), seed=4, use_xla=True)
+    assert in_blocks.interaction.block_rows == BLOCK_ROWS and whole.interaction.block_rows is None
+    # On a GPU too: the blocks are a CPU's cache tuning.
+    assert Dlrm(config(), on_gpu=True).interaction.block_rows is None
+    in_blocks(numerical, ids)
     whole(numerical, ids)
-    whole.set_weights(chunked.get_weights())
+    whole.set_weights(in_blocks.get_weights())
     np.testing.assert_allclose(
-        whole(numerical, ids).numpy(), chunked(numerical, ids).numpy(), rtol=1e-5, atol=1e-5
+        whole(numerical, ids).numpy(), in_blocks(numerical, ids).numpy(), rtol=1e-5, atol=1e-5
     )
