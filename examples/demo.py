@@ -36,6 +36,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from dlrm.app import records
+
 REPO = Path(__file__).resolve().parents[1]
 MARKER = ".dlrm-demo"  # marks a directory this script owns and may replace
 
@@ -100,11 +102,11 @@ def prepare(output: Path) -> None:
 
 
 def last_record(log: Path, event: str) -> dict[str, Any]:
-    records = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
-    matching = [r for r in records if r.get("event") == event]
-    if not matching:
-        raise DemoError(f"{log}: no {event!r} record")
-    return matching[-1]
+    """The run's last `event` record (`dlrm.app.records`); DemoError when it has none."""
+    try:
+        return records.last_record(log, event)
+    except ValueError as error:
+        raise DemoError(str(error)) from error
 
 
 def main(argv: list[str] | None = None) -> int:
