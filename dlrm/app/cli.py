@@ -18,6 +18,7 @@ from pathlib import Path
 from absl import app
 
 from dlrm.app.config import ConfigError
+from dlrm.app import flags as flags_module
 from dlrm.app.flags import FLAGS, config_from_flags, resolve_flagfiles
 from dlrm.app.tensorflow_import import quiet_logs
 from dlrm.distributed import launcher as launch
@@ -102,7 +103,7 @@ def console_main() -> None:
     main_module = sys.modules["__main__"]
     if not main_module.__doc__:  # absl's --help shows it; an installed command's has none
         main_module.__doc__ = USAGE
-    # --help lists the main module's flags: ours, defined here.
-    for flag in FLAGS.get_flags_for_module(__name__):
+    # --help lists the main module's flags: ours, defined in dlrm.app.flags.
+    for flag in FLAGS.get_flags_for_module(flags_module.__name__):
         FLAGS.register_key_flag_for_module(sys.argv[0], flag)
     app.run(lambda argv: sys.exit(main(argv)), argv=resolve_flagfiles(sys.argv))

@@ -283,3 +283,18 @@ def test_tensorflow_starts_for_training_without_pandas_which_stays_importable(
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines() == ["False 3.0", "3"]
+
+
+def test_help_lists_every_flag_of_the_command() -> None:
+    """`--help` shows the main module's flags: those `dlrm.app.flags` defines.
+    (absl exits 1 after printing the help.)"""
+    result = subprocess.run(
+        [sys.executable, "main.py", "--help"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    for flag in ("--dataset_path", "--batch_size", "--mode", "--save_checkpoint_path"):
+        assert flag in result.stdout, result.stdout[-2000:]
