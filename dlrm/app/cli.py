@@ -17,8 +17,8 @@ from pathlib import Path
 
 from absl import app
 
-from dlrm.app.config import ConfigError
 from dlrm.app import flags as flags_module
+from dlrm.app.config import ConfigError
 from dlrm.app.flags import FLAGS, config_from_flags, resolve_flagfiles
 from dlrm.app.tensorflow_import import quiet_logs
 from dlrm.distributed import launcher as launch
