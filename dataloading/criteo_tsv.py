@@ -34,7 +34,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import IO
+from typing import IO, NamedTuple
 
 import numpy as np
 
@@ -175,58 +175,112 @@ def generate_criteo_tsv(
     output = Path(output_dir)
     staging = start_staging(output, overwrite=overwrite)
     sampler = FeatureSampler(NUM_INTEGER, tuple(cardinalities), (1,) * NUM_CATEGORICAL, exponent)
-    teacher = build_teacher(sampler, seed, positive_rate)
-    malformed = dict.fromkeys(MALFORMED_KINDS, 0)
-    names, counts, positives = [], [], 0
+    writer = _DayWriter(
+        sampler=sampler,
+        teacher=build_teacher(sampler, seed, positive_rate),
+        drift=vocabulary_drift,
+        seed=seed,
+        rows_per_day=rows_per_day,
+        chunk_rows=chunk_rows,
+        short_row_fraction=short_row_fraction,
+        malformed_rows_per_day=malformed_rows_per_day,
+        use_gzip=use_gzip,
+        progress=progress,
+    )
     streams = np.random.SeedSequence([seed, 0xC417E0]).spawn(days)
-    for day, stream in enumerate(streams):
-        name = f"day_{day}" + (".gz" if use_gzip else "")
-        rng = np.random.default_rng(stream)
-        # A stream of its own, so that drift leaves the other draws as they were.
-        drift_rng = np.random.default_rng([seed, 0xD21F7, day])
-        bad_at = set(
-            rng.choice(
-                rows_per_day, size=min(malformed_rows_per_day, rows_per_day), replace=False
-            ).tolist()
-        )
-        opener = gzip.open if use_gzip else open
-        start = time.monotonic()
-        with opener(staging / name, "wt") as out:
-            for done in range(0, rows_per_day, chunk_rows):
-                n = min(chunk_rows, rows_per_day - done)
-                raw = sampler.sample(rng, n)
-                if drift:
-                    raw.ids = [
-                        vocabulary_drift.day_ids(
-                            _one_hot(table, ids), cardinality, day, drift_rng, exponent
-                        )
-                        for table, (ids, cardinality) in enumerate(
-                            zip(raw.ids, cardinalities, strict=True)
-                        )
-                    ]
-                lines, pos = _lines(raw, teacher, rng, seed, short_row_fraction)
-                positives += pos
-                for offset in sorted(i - done for i in bad_at if done <= i < done + n):
-                    kind = MALFORMED_KINDS[(offset + day) % len(MALFORMED_KINDS)]
-                    positives -= lines[offset].startswith("1\t")
-                    lines[offset] = _malform(lines[offset], kind)
-                    malformed[kind] += 1
-                _write(out, lines)
-                if progress is not None:
-                    rate = (done + n) / max(time.monotonic() - start, 1e-9)
-                    progress(
-                        f"[criteo_tsv] {name}: {done + n:,}/{rows_per_day:,} rows "
-                        f"({rate:,.0f} rows/s)"
-                    )
-        names.append(name)
-        counts.append(rows_per_day)
+    written = [writer.write(staging, day, stream) for day, stream in enumerate(streams)]
     publish(staging, output)
     return CriteoLogReport(
-        files=tuple(output / n for n in names),
-        rows_per_file=tuple(counts),
-        malformed=malformed,
-        positives=positives,
+        files=tuple(output / day.name for day in written),
+        rows_per_file=(rows_per_day,) * len(written),
+        malformed={kind: sum(day.malformed[kind] for day in written) for kind in MALFORMED_KINDS},
+        positives=sum(day.positives for day in written),
     )
+
+
+class _DayFile(NamedTuple):
+    name: str
+    positives: int  # label-1 lines among the well-formed ones
+    malformed: dict[str, int]  # lines per kind
+
+
+@dataclasses.dataclass(frozen=True)
+class _DayWriter:
+    """Writes day files: rows drawn by `sampler` (with the day's `drift`), labelled
+    by `teacher`, some cut short or malformed."""
+
+    sampler: FeatureSampler
+    teacher: Teacher
+    drift: VocabularyDrift
+    seed: int
+    rows_per_day: int
+    chunk_rows: int
+    short_row_fraction: float
+    malformed_rows_per_day: int
+    use_gzip: bool
+    progress: Callable[[str], None] | None
+
+    def write(self, directory: Path, day: int, stream: np.random.SeedSequence) -> _DayFile:
+        """Writes the file of day `day` into `directory`, its rows drawn from `stream`."""
+        name = f"day_{day}" + (".gz" if self.use_gzip else "")
+        rng = np.random.default_rng(stream)
+        # A stream of its own, so that drift leaves the other draws as they were.
+        drift_rng = np.random.default_rng([self.seed, 0xD21F7, day])
+        rows = self.rows_per_day
+        bad_at = set(
+            rng.choice(rows, size=min(self.malformed_rows_per_day, rows), replace=False).tolist()
+        )
+        malformed = dict.fromkeys(MALFORMED_KINDS, 0)
+        positives = 0
+        opener = gzip.open if self.use_gzip else open
+        start = time.monotonic()
+        with opener(directory / name, "wt") as out:
+            for done in range(0, rows, self.chunk_rows):
+                n = min(self.chunk_rows, rows - done)
+                raw = self._sample(rng, drift_rng, day, n)
+                lines, pos = _lines(raw, self.teacher, rng, self.seed, self.short_row_fraction)
+                bad = sorted(i - done for i in bad_at if done <= i < done + n)
+                positives += pos - _malform_lines(lines, bad, day, malformed)
+                _write(out, lines)
+                self._report(name, done + n, start)
+        return _DayFile(name, positives, malformed)
+
+    def _sample(
+        self, rng: np.random.Generator, drift_rng: np.random.Generator, day: int, n: int
+    ) -> RawRows:
+        """`n` rows of day `day`: the ids of generation 0 moved by the drift."""
+        raw = self.sampler.sample(rng, n)
+        if self.drift.rate:
+            raw.ids = [
+                self.drift.day_ids(
+                    _one_hot(table, ids), cardinality, day, drift_rng, self.sampler.exponent
+                )
+                for table, (ids, cardinality) in enumerate(
+                    zip(raw.ids, self.sampler.cardinalities, strict=True)
+                )
+            ]
+        return raw
+
+    def _report(self, name: str, rows: int, start: float) -> None:
+        if self.progress is not None:
+            rate = rows / max(time.monotonic() - start, 1e-9)
+            self.progress(
+                f"[criteo_tsv] {name}: {rows:,}/{self.rows_per_day:,} rows ({rate:,.0f} rows/s)"
+            )
+
+
+def _malform_lines(
+    lines: list[str], offsets: Sequence[int], day: int, malformed: dict[str, int]
+) -> int:
+    """Malforms `lines[offset]` for each of `offsets` (in place), a kind of malformation
+    per line in turn, counted into `malformed`; returns how many of them were label 1."""
+    positives = 0
+    for offset in offsets:
+        kind = MALFORMED_KINDS[(offset + day) % len(MALFORMED_KINDS)]
+        positives += lines[offset].startswith("1\t")
+        lines[offset] = _malform(lines[offset], kind)
+        malformed[kind] += 1
+    return positives
 
 
 def _one_hot(table: int, ids: object) -> np.ndarray:

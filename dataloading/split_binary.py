@@ -287,17 +287,34 @@ class SplitBinaryDataset:
             raise DatasetError(
                 f"start batch: expected 0 <= start <= {self.num_batches}, got {start}"
             )
+        shapes, dtypes = self._flat_signature()
+
+        # Python loops over Python lists only: AutoGraph's rewrite, which tf.data's
+        # map would run on it in every process, has nothing to convert.
+        @tf.autograph.experimental.do_not_convert
+        def to_batch(index: tf.Tensor) -> Batch:
+            flat = tf.numpy_function(self._read_flat, [index], dtypes, stateful=False)
+            for tensor, shape in zip(flat, shapes, strict=True):
+                tensor.set_shape(shape)
+            return self._batch_of_flat(flat)
+
+        dataset = tf.data.Dataset.range(start, self.num_batches)
+        dataset = dataset.map(to_batch, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+        return dataset.prefetch(prefetch)
+
+    def _flat_signature(self) -> tuple[list[tuple[int | None, ...]], list[tf.DType]]:
+        """The shapes and dtypes of the flat tensors a batch crosses
+        tf.numpy_function as: [numerical, categorical..., label, weight], where the
+        categorical part is one [B, T] tensor when every table read is one-hot, else
+        one per table, or two for a variable-length one: its ids [n] and its row
+        lengths [B]."""
         local = self.shard.local_batch_size
         cat_rows = self.categorical_batch_size
-        n_num = len(self.spec.numerical_features)
-        n_tables = len(self.table_features)
         ids = tf.as_dtype(self.id_dtype)
-        # Flat tensors of the categorical part: a variable-length table is two,
-        # its ids [n] and its row lengths [B].
         cat_shapes: list[tuple[int | None, ...]] = []
         cat_dtypes: list[tf.DType] = []
         if self._one_hot:
-            cat_shapes, cat_dtypes = [(cat_rows, n_tables)], [ids]
+            cat_shapes, cat_dtypes = [(cat_rows, len(self.table_features))], [ids]
         else:
             for feature in self.table_features:
                 if feature.is_variable_length:
@@ -306,49 +323,43 @@ class SplitBinaryDataset:
                 else:
                     cat_shapes.append((cat_rows, feature.hotness))
                     cat_dtypes.append(ids)
+        n_num = len(self.spec.numerical_features)
         shapes = [(local, n_num), *cat_shapes, (local, 1), (local, 1)]
-        dtypes = [tf.float32, *cat_dtypes, tf.float32, tf.float32]
+        return shapes, [tf.float32, *cat_dtypes, tf.float32, tf.float32]
 
-        def read(index: np.ndarray) -> list[np.ndarray]:
-            try:
-                batch = self.read_batch(int(index))
-            except DatasetError as error:
-                raise DatasetError(f"{_ERROR_START}{error}{_ERROR_END}") from error
-            cats: list[np.ndarray] = []
-            if self._one_hot:
-                cats.append(batch.categorical)
-            else:
-                for column in batch.categorical:
-                    cats += list(column) if isinstance(column, RaggedIds) else [column]
-            return [batch.numerical, *cats, batch.label, batch.weight]
+    def _read_flat(self, index: np.ndarray) -> list[np.ndarray]:
+        """Batch `index` as flat arrays; a DatasetError's message is bracketed for
+        `raise_dataset_errors`."""
+        try:
+            batch = self.read_batch(int(index))
+        except DatasetError as error:
+            raise DatasetError(f"{_ERROR_START}{error}{_ERROR_END}") from error
+        cats: list[np.ndarray] = []
+        if self._one_hot:
+            cats.append(batch.categorical)
+        else:
+            for column in batch.categorical:
+                cats += list(column) if isinstance(column, RaggedIds) else [column]
+        return [batch.numerical, *cats, batch.label, batch.weight]
 
-        # Python loops over Python lists only: AutoGraph's rewrite, which tf.data's
-        # map would run on it in every process, has nothing to convert.
-        @tf.autograph.experimental.do_not_convert
-        def to_batch(index: tf.Tensor) -> Batch:
-            flat = tf.numpy_function(read, [index], dtypes, stateful=False)
-            for tensor, shape in zip(flat, shapes, strict=True):
-                tensor.set_shape(shape)
-            cats: Any
-            if self._one_hot:
-                cats = flat[1]
-            else:
-                parts = iter(flat[1 : 1 + len(cat_shapes)])
-                columns = []
-                for feature in self.table_features:
-                    if feature.is_variable_length:
-                        values, lengths = next(parts), next(parts)
-                        columns.append(
-                            tf.RaggedTensor.from_row_lengths(values, lengths, validate=False)
-                        )
-                    else:
-                        columns.append(next(parts))
-                cats = tuple(columns)
-            return Batch(numerical=flat[0], categorical=cats, label=flat[-2], weight=flat[-1])
-
-        dataset = tf.data.Dataset.range(start, self.num_batches)
-        dataset = dataset.map(to_batch, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-        return dataset.prefetch(prefetch)
+    def _batch_of_flat(self, flat: list[tf.Tensor]) -> Batch:
+        """The `Batch` of a batch's flat tensors."""
+        cats: Any
+        if self._one_hot:
+            cats = flat[1]
+        else:
+            parts = iter(flat[1:-2])
+            columns = []
+            for feature in self.table_features:
+                if feature.is_variable_length:
+                    values, lengths = next(parts), next(parts)
+                    columns.append(
+                        tf.RaggedTensor.from_row_lengths(values, lengths, validate=False)
+                    )
+                else:
+                    columns.append(next(parts))
+            cats = tuple(columns)
+        return Batch(numerical=flat[0], categorical=cats, label=flat[-2], weight=flat[-1])
 
     def batches(self, start: int = 0) -> Iterator[Batch]:
         """Iterates `to_tf_dataset(start=start)`; a read error raises DatasetError.

@@ -26,7 +26,6 @@ import os
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
-from pathlib import Path
 
 import numpy as np
 
@@ -100,7 +99,38 @@ def generate_split_binary(
         generator's parameters and the teacher's bias).
     """
     rows = dict(rows if rows is not None else {"train": 100_000, "test": 20_000})
-    output = Path(output_dir)
+    sampler = _table_sampler(num_numerical, cardinalities, hotness, exponent, max_variable_hotness)
+    teacher = build_teacher(sampler, seed, positive_rate)
+    metadata = _generator_metadata(sampler, teacher, seed, positive_rate)
+    # Everything is validated before anything is written.
+    staging = start_staging(output_dir, overwrite=overwrite)
+    spec = build_split_binary_spec(
+        cardinalities,
+        num_numerical,
+        sampler.hotness,
+        mappings=tuple(rows),
+        base_directory=staging,
+        metadata=metadata,
+        id_dtype=id_dtype,
+    )
+    _write_rows(spec, rows, sampler, teacher, seed, chunk_rows, progress)
+    spec.dump(staging / "feature_spec.yaml")
+    return FeatureSpec.load(publish(staging, output_dir))
+
+
+def _table_sampler(
+    num_numerical: int,
+    cardinalities: Sequence[int],
+    hotness: Sequence[int] | None,
+    exponent: float,
+    max_variable_hotness: int,
+) -> FeatureSampler:
+    """The sampler of these tables (hotness None: 1 everywhere).
+
+    Raises:
+        FeatureSpecError: a cardinality no id dtype holds, or a hotness that does
+            not fit the tables.
+    """
     hotness = tuple(hotness) if hotness is not None else (1,) * len(cardinalities)
     for cardinality in cardinalities:
         minimal_categorical_dtype(cardinality)  # validates the cardinality
@@ -118,41 +148,30 @@ def generate_split_binary(
         raise FeatureSpecError(
             f"max_variable_hotness: expected an int >= 1, got {max_variable_hotness}"
         )
-    sampler = FeatureSampler(
+    return FeatureSampler(
         num_numerical,
         tuple(cardinalities),
         hotness,
         exponent,
         max_variable_hotness=max_variable_hotness,
     )
-    teacher = build_teacher(sampler, seed, positive_rate)
+
+
+def _generator_metadata(
+    sampler: FeatureSampler, teacher: Teacher, seed: int, positive_rate: float
+) -> dict[str, object]:
+    """The spec's metadata: the generator's parameters and the teacher's bias."""
     metadata: dict[str, object] = {
         "generator": "dataloading.synthetic",
         "seed": seed,
-        "exponent": exponent,
+        "exponent": sampler.exponent,
         "positive_rate": positive_rate,
         "teacher_bias": teacher.bias,
     }
-    # Only where it matters, so that fixed-hotness specs read as before.
-    if 0 in hotness:
-        metadata["max_variable_hotness"] = max_variable_hotness
-    # Everything is validated before anything is written.
-    staging = start_staging(output, overwrite=overwrite)
-    spec = build_split_binary_spec(
-        cardinalities,
-        num_numerical,
-        hotness,
-        mappings=tuple(rows),
-        base_directory=staging,
-        metadata=metadata,
-        id_dtype=id_dtype,
-    )
-    streams = np.random.SeedSequence([seed, 0x5B1]).spawn(len(rows))
-    for (mapping, count), stream in zip(rows.items(), streams, strict=True):
-        _write_mapping(spec, mapping, count, sampler, teacher, stream, chunk_rows, progress)
-    spec.dump(staging / "feature_spec.yaml")
-    publish(staging, output)
-    return FeatureSpec.load(output)
+    # Only a spec with a variable-length table has a use for it.
+    if 0 in sampler.hotness:
+        metadata["max_variable_hotness"] = sampler.max_variable_hotness
+    return metadata
 
 
 def build_teacher(sampler: FeatureSampler, seed: int, positive_rate: float) -> Teacher:
@@ -162,6 +181,21 @@ def build_teacher(sampler: FeatureSampler, seed: int, positive_rate: float) -> T
     features = raw.numerical_features()
     teacher = teacher.scaled(TEACHER_LOGIT_STD / float(np.std(teacher.logits(features, raw.ids))))
     return teacher.calibrated(teacher.logits(features, raw.ids), positive_rate)
+
+
+def _write_rows(
+    spec: FeatureSpec,
+    rows: Mapping[str, int],
+    sampler: FeatureSampler,
+    teacher: Teacher,
+    seed: int,
+    chunk_rows: int,
+    progress: Callable[[str], None] | None,
+) -> None:
+    """Writes `rows[mapping]` rows of each mapping, each from a random stream of its own."""
+    streams = np.random.SeedSequence([seed, 0x5B1]).spawn(len(rows))
+    for (mapping, count), stream in zip(rows.items(), streams, strict=True):
+        _write_mapping(spec, mapping, count, sampler, teacher, stream, chunk_rows, progress)
 
 
 def _write_mapping(
@@ -224,6 +258,31 @@ def _int_list(text: str) -> list[int]:
 
 
 def main(argv: Sequence[str] | None = None, prog: str = "python -m dataloading.synthetic") -> int:
+    parser = _argument_parser(prog)
+    args = parser.parse_args(argv)
+    cardinalities, hotness = _tables(parser, args)
+    try:
+        spec = generate_split_binary(
+            args.output_dir,
+            cardinalities=cardinalities,
+            num_numerical=args.num_numerical,
+            rows={"train": args.train_rows, "test": args.test_rows},
+            hotness=hotness,
+            exponent=args.exponent,
+            positive_rate=args.positive_rate,
+            seed=args.seed,
+            overwrite=args.overwrite,
+            progress=lambda line: print(line, file=sys.stderr),
+            id_dtype=args.id_dtype,
+            max_variable_hotness=args.max_variable_hotness,
+        )
+    except (FeatureSpecError, FileExistsError) as error:  # one line, not a traceback
+        parser.error(str(error))
+    print(f"wrote {args.output_dir}/feature_spec.yaml ({len(spec.categorical_features)} tables)")
+    return 0
+
+
+def _argument_parser(prog: str) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
     parser.add_argument("--output_dir", required=True)
     parser.add_argument("--train_rows", type=int, default=100_000)
@@ -260,7 +319,13 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m dataloading.s
         help="stored dtype of every table's ids (default: the smallest per table)",
     )
     parser.add_argument("--overwrite", action="store_true")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def _tables(
+    parser: argparse.ArgumentParser, args: argparse.Namespace
+) -> tuple[Sequence[int], Sequence[int] | None]:
+    """The cardinalities and ids per row of the run: those given, else `--shape`'s."""
     cardinalities, hotness = SHAPES[args.shape]
     # A shape's ids per row fit its own tables only.
     if (
@@ -273,25 +338,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m dataloading.s
             f"--cardinalities: {len(args.cardinalities)} tables, but --shape {args.shape} "
             f"has ids per row for {len(hotness)}; give --hotness for these tables"
         )
-    try:
-        spec = generate_split_binary(
-            args.output_dir,
-            cardinalities=args.cardinalities or cardinalities,
-            num_numerical=args.num_numerical,
-            rows={"train": args.train_rows, "test": args.test_rows},
-            hotness=args.hotness or hotness,
-            exponent=args.exponent,
-            positive_rate=args.positive_rate,
-            seed=args.seed,
-            overwrite=args.overwrite,
-            progress=lambda line: print(line, file=sys.stderr),
-            id_dtype=args.id_dtype,
-            max_variable_hotness=args.max_variable_hotness,
-        )
-    except (FeatureSpecError, FileExistsError) as error:  # one line, not a traceback
-        parser.error(str(error))
-    print(f"wrote {args.output_dir}/feature_spec.yaml ({len(spec.categorical_features)} tables)")
-    return 0
+    return args.cardinalities or cardinalities, args.hotness or hotness
 
 
 if __name__ == "__main__":

@@ -526,59 +526,89 @@ def _validate_mapping(
     channel_of: Mapping[str, str],
 ) -> None:
     covered: dict[str, int] = {}
-    numerical = spec.channel_spec[NUMERICAL_CHANNEL]
     for index, chunk in enumerate(chunks):
         key = f"source_spec.{mapping}[{index}]"
-        if chunk.type not in CHUNK_TYPES:
-            raise FeatureSpecError(
-                f"{key}.type: unknown chunk type; expected one of {list(CHUNK_TYPES)}, "
-                f"got {chunk.type!r}"
-            )
-        variable = any(
-            name in spec.features and spec.features[name].is_variable_length
-            for name in chunk.features
+        _check_chunk_type(key, chunk)
+        _check_chunk_files(key, chunk, spec)
+        _cover_chunk_features(key, index, chunk, spec, covered)
+        _check_chunk_channel(key, chunk, spec, channel_of)
+    _check_every_feature_covered(mapping, spec, covered)
+
+
+def _check_chunk_type(key: str, chunk: Chunk) -> None:
+    if chunk.type not in CHUNK_TYPES:
+        raise FeatureSpecError(
+            f"{key}.type: unknown chunk type; expected one of {list(CHUNK_TYPES)}, "
+            f"got {chunk.type!r}"
         )
-        if variable and len(chunk.files) != 2:
+
+
+def _check_chunk_files(key: str, chunk: Chunk, spec: FeatureSpec) -> None:
+    """One file, or two (its ids and its row offsets) for a variable-length feature."""
+    variable = any(
+        name in spec.features and spec.features[name].is_variable_length for name in chunk.features
+    )
+    if variable and len(chunk.files) != 2:
+        raise FeatureSpecError(
+            f"{key}.files: a variable-length feature is two files, its ids and its "
+            f"{OFFSETS_DTYPE} row offsets; expected 2 files, got {len(chunk.files)}: "
+            f"{list(chunk.files)}"
+        )
+    if not variable and len(chunk.files) != 1:
+        raise FeatureSpecError(
+            f"{key}.files: a split_binary chunk is one file; expected 1 file, "
+            f"got {len(chunk.files)}: {list(chunk.files)}"
+        )
+
+
+def _cover_chunk_features(
+    key: str, index: int, chunk: Chunk, spec: FeatureSpec, covered: dict[str, int]
+) -> None:
+    """Adds the features of chunk `index` to `covered` (feature -> chunk), each a
+    feature of feature_spec not covered yet."""
+    for name in chunk.features:
+        if name not in spec.features:
             raise FeatureSpecError(
-                f"{key}.files: a variable-length feature is two files, its ids and its "
-                f"{OFFSETS_DTYPE} row offsets; expected 2 files, got {len(chunk.files)}: "
-                f"{list(chunk.files)}"
+                f"{key}.features: feature {name!r} is not in feature_spec; expected "
+                f"one of {sorted(spec.features)}"
             )
-        if not variable and len(chunk.files) != 1:
+        if name in covered:
             raise FeatureSpecError(
-                f"{key}.files: a split_binary chunk is one file; expected 1 file, "
-                f"got {len(chunk.files)}: {list(chunk.files)}"
+                f"{key}.features: feature {name!r} is already in chunk "
+                f"{covered[name]} of this mapping; expected each feature in one chunk"
             )
-        for name in chunk.features:
-            if name not in spec.features:
-                raise FeatureSpecError(
-                    f"{key}.features: feature {name!r} is not in feature_spec; expected "
-                    f"one of {sorted(spec.features)}"
-                )
-            if name in covered:
-                raise FeatureSpecError(
-                    f"{key}.features: feature {name!r} is already in chunk "
-                    f"{covered[name]} of this mapping; expected each feature in one chunk"
-                )
-            covered[name] = index
-        channels = {channel_of[name] for name in chunk.features}
-        if len(channels) != 1:
-            raise FeatureSpecError(
-                f"{key}.features: expected features of one channel per chunk, got "
-                f"{sorted(channels)} in {list(chunk.features)}"
-            )
-        channel = channels.pop()
-        if channel == NUMERICAL_CHANNEL and chunk.features != numerical:
-            raise FeatureSpecError(
-                f"{key}.features: a split_binary numerical chunk holds all numerical "
-                f"features in channel order; expected {list(numerical)}, "
-                f"got {list(chunk.features)}"
-            )
-        if channel == CATEGORICAL_CHANNEL and len(chunk.features) != 1:
-            raise FeatureSpecError(
-                f"{key}.features: a split_binary categorical chunk holds one feature; "
-                f"got {list(chunk.features)}"
-            )
+        covered[name] = index
+
+
+def _check_chunk_channel(
+    key: str, chunk: Chunk, spec: FeatureSpec, channel_of: Mapping[str, str]
+) -> None:
+    """The features of one channel: all numerical ones in channel order, or one
+    categorical one."""
+    channels = {channel_of[name] for name in chunk.features}
+    if len(channels) != 1:
+        raise FeatureSpecError(
+            f"{key}.features: expected features of one channel per chunk, got "
+            f"{sorted(channels)} in {list(chunk.features)}"
+        )
+    channel = channels.pop()
+    numerical = spec.channel_spec[NUMERICAL_CHANNEL]
+    if channel == NUMERICAL_CHANNEL and chunk.features != numerical:
+        raise FeatureSpecError(
+            f"{key}.features: a split_binary numerical chunk holds all numerical "
+            f"features in channel order; expected {list(numerical)}, "
+            f"got {list(chunk.features)}"
+        )
+    if channel == CATEGORICAL_CHANNEL and len(chunk.features) != 1:
+        raise FeatureSpecError(
+            f"{key}.features: a split_binary categorical chunk holds one feature; "
+            f"got {list(chunk.features)}"
+        )
+
+
+def _check_every_feature_covered(
+    mapping: str, spec: FeatureSpec, covered: Mapping[str, int]
+) -> None:
     missing = [name for name in spec.features if name not in covered]
     if missing:
         raise FeatureSpecError(

@@ -47,10 +47,6 @@ def build(output: Path, console: Console = print) -> None:
     """
     from pyspark import SparkContext
 
-    from dataloading.criteo_tsv import generate_criteo_tsv
-    from preproc.config import last_day_test_config
-    from preproc.pipeline import run_pipeline
-
     if SparkContext._active_spark_context is not None:
         raise RuntimeError("a Spark session is running in this process; expected none")
     if output.is_dir():  # found now, not after the run (the rename would fail)
@@ -61,36 +57,7 @@ def build(output: Path, console: Console = print) -> None:
     start = time.monotonic()
     try:
         with tempfile.TemporaryDirectory(prefix="class-archive-") as tmp:
-            raw = Path(tmp) / "raw"
-            generate_criteo_tsv(raw, days=2, rows_per_day=2000, seed=0)
-            files = sorted(raw.glob("day_*"))
-            config = last_day_test_config(files, Path(tmp) / "dataset", frequency_threshold=2)
-            # CDS lists every class it leaves out (signed jars, generated code) as a
-            # warning: hundreds of lines that say nothing is wrong.
-            options = (
-                f"{LOCAL_DRIVER_OPTIONS} -XX:ArchiveClassesAtExit={staging} {CLASS_ARCHIVE_OPTIONS}"
-            )
-            settings = SparkSettings(
-                spark_master="local[2]",
-                driver_memory="1g",
-                use_class_archive=False,
-                spark_conf=(
-                    ("spark.ui.enabled", "false"),
-                    ("spark.driver.extraJavaOptions", options),
-                ),
-            )
-            spark = start_spark(settings, console=lambda line: None)
-            gateway = SparkContext._gateway
-            jvm = gateway.proc  # type: ignore[union-attr]
-            try:
-                run_pipeline(config, spark, console=lambda line: None)
-            finally:
-                spark.stop()
-                gateway.shutdown()  # type: ignore[union-attr]
-                SparkContext._gateway = None
-                SparkContext._jvm = None
-                jvm.stdin.close()  # Spark's gateway JVM exits at the end of its input
-                code = jvm.wait(timeout=JVM_EXIT_TIMEOUT_S)
+            code = _run_archiving_jvm(Path(tmp), staging)
         if code != 0 or not staging.is_file() or staging.stat().st_size == 0:
             raise RuntimeError(f"the JVM exited with code {code} and wrote no archive")
         os.replace(staging, output)
@@ -100,6 +67,50 @@ def build(output: Path, console: Console = print) -> None:
     console(
         f"[class_archive] {output}: {size / 1e6:,.0f} MB of Spark's classes "
         f"({time.monotonic() - start:.0f} s)"
+    )
+
+
+def _run_archiving_jvm(tmp: Path, archive: Path) -> int:
+    """Preprocesses a small generated log (in `tmp`) in a fresh Spark driver JVM
+    that writes its classes to `archive` at its exit; returns the JVM's exit code."""
+    from pyspark import SparkContext
+
+    from dataloading.criteo_tsv import generate_criteo_tsv
+    from preproc.config import last_day_test_config
+    from preproc.pipeline import run_pipeline
+
+    raw = tmp / "raw"
+    generate_criteo_tsv(raw, days=2, rows_per_day=2000, seed=0)
+    files = sorted(raw.glob("day_*"))
+    config = last_day_test_config(files, tmp / "dataset", frequency_threshold=2)
+    spark = start_spark(_archiving_settings(archive), console=lambda line: None)
+    gateway = SparkContext._gateway
+    jvm = gateway.proc  # type: ignore[union-attr]
+    try:
+        run_pipeline(config, spark, console=lambda line: None)
+    finally:
+        spark.stop()
+        gateway.shutdown()  # type: ignore[union-attr]
+        SparkContext._gateway = None
+        SparkContext._jvm = None
+        jvm.stdin.close()  # Spark's gateway JVM exits at the end of its input
+        code: int = jvm.wait(timeout=JVM_EXIT_TIMEOUT_S)
+    return code
+
+
+def _archiving_settings(archive: Path) -> SparkSettings:
+    """A local-mode driver whose JVM writes the classes it loaded to `archive`."""
+    # CDS lists every class it leaves out (signed jars, generated code) as a
+    # warning: hundreds of lines that say nothing is wrong.
+    options = f"{LOCAL_DRIVER_OPTIONS} -XX:ArchiveClassesAtExit={archive} {CLASS_ARCHIVE_OPTIONS}"
+    return SparkSettings(
+        spark_master="local[2]",
+        driver_memory="1g",
+        use_class_archive=False,
+        spark_conf=(
+            ("spark.ui.enabled", "false"),
+            ("spark.driver.extraJavaOptions", options),
+        ),
     )
 
 

@@ -48,13 +48,18 @@ from preproc.layout import (
     categorical_column,
     numerical_column,
 )
-from preproc.vocabulary import COUNT_COLUMN, FEATURE_COLUMN, VALUE_COLUMN
+from preproc.value_counts import (
+    COUNT_COLUMN,
+    COUNTS_SCHEMA,
+    FEATURE_COLUMN,
+    FILE_COLUMN,
+    VALUE_COLUMN,
+)
 
 # Malformed-line reasons, in the order lines are checked (a line gets the first).
 MALFORMED_REASONS = ("field_count", "label", "numerical", "categorical")
 HEADER = "header"
 
-FILE_COLUMN = "_file"
 BLOCK_COLUMN = "_block"
 ROW_COLUMN = "_row"
 LINE_COLUMN = "_line"
@@ -74,17 +79,6 @@ _EXPECTED = {
 _QUOTED_CHARS = 40  # of a bad value, in the message
 # Rows a task gathers before writing them as one Parquet row group.
 ROW_GROUP_ROWS = 1 << 17
-
-# Value counts: per input file and vocabulary feature (categorical index), how
-# many times each value occurs in the well-formed rows (a list: its elements).
-COUNTS_SCHEMA = pa.schema(
-    [
-        (FILE_COLUMN, pa.int32()),
-        (FEATURE_COLUMN, pa.int32()),
-        (VALUE_COLUMN, pa.string()),
-        (COUNT_COLUMN, pa.int64()),
-    ]
-)
 
 # What a task returns: one row per file block it read. `examples`: JSON list of
 # [row id, reason, detail] of the block's first rejected lines (headers aside).
@@ -255,6 +249,26 @@ class _BlockCounts:
         }
 
 
+class _Fields:
+    """The fields of a batch of lines, split once and taken out by position."""
+
+    def __init__(self, lines: pa.Array, delimiter: str) -> None:
+        parts = pc.split_pattern(lines, pattern=delimiter)
+        self.offsets = parts.offsets.to_numpy()
+        self.counts = np.diff(self.offsets)  # fields per line
+        self.flat = parts.values
+        self.taken: dict[int, pa.Array] = {}
+
+    def text(self, position: int) -> pa.Array:
+        """The text of field `position` of every line ("" past its last field)."""
+        if position not in self.taken:
+            present = self.counts > position
+            index = pa.array(np.where(present, self.offsets[:-1] + position, 0))
+            taken = pc.take(self.flat, index)
+            self.taken[position] = taken if present.all() else pc.if_else(present, taken, "")
+        return self.taken[position]
+
+
 class _Parser:
     """Parses batches of lines of one layout (patterns compiled once per task)."""
 
@@ -280,40 +294,40 @@ class _Parser:
         examples: int,
     ) -> pa.RecordBatch:
         """The well-formed rows of `batch`, typed; counts the lines into `blocks`."""
-        layout = self.layout
         lines = batch.column("value")
-        parts = pc.split_pattern(lines, pattern=layout.delimiter)
-        offsets = parts.offsets.to_numpy()
-        counts = np.diff(offsets)
-        flat = parts.values
-        fields: dict[int, pa.Array] = {}
+        fields = _Fields(lines, self.layout.delimiter)
+        good, lists = self._check(fields)
+        clicked = pc.equal(fields.text(self.label_position), "1")
+        self._count(batch, good, _numpy(clicked), blocks, examples, lines)
+        return self._typed_rows(batch, fields, lists, clicked, pa.array(good))
 
-        def field(position: int) -> pa.Array:
-            """The text of field `position` of every line ("" past its last field)."""
-            if position not in fields:
-                present = counts > position
-                index = pa.array(np.where(present, offsets[:-1] + position, 0))
-                taken = pc.take(flat, index)
-                fields[position] = taken if present.all() else pc.if_else(present, taken, "")
-            return fields[position]
-
-        good = counts <= self.width
-        good &= _numpy(pc.is_in(field(self.label_position), value_set=pa.array(["0", "1"])))
+    def _check(self, fields: _Fields) -> tuple[np.ndarray, dict[int, pa.Array]]:
+        """Per line, whether it is well-formed; and the elements of each
+        variable-length field (by categorical index)."""
+        good = fields.counts <= self.width
+        label = fields.text(self.label_position)
+        good &= _numpy(pc.is_in(label, value_set=pa.array(["0", "1"])))
         for position in self.numerical_positions:
-            good &= _numpy(self._valid(field(position), self.number_pattern))
-        lists: dict[int, tuple[pa.Array, np.ndarray]] = {}
-        for index, column in enumerate(layout.categorical):
-            text = field(self.categorical_positions[index])
+            good &= _numpy(self._valid(fields.text(position), self.number_pattern))
+        lists: dict[int, pa.Array] = {}
+        for index, column in enumerate(self.layout.categorical):
+            text = fields.text(self.categorical_positions[index])
             if column.variable_length:
-                elements, element_ok = self._elements(column, text)
-                lists[index] = (elements, element_ok)
+                lists[index], element_ok = self._elements(column, text)
                 good &= element_ok
             elif column.kind != CategoricalKind.TOKEN:
                 good &= self._valid_value(column, text)
+        return good, lists
 
-        clicked = pc.equal(field(self.label_position), "1")
-        self._count(batch, good, _numpy(clicked), blocks, examples, lines)
-        keep = pa.array(good)
+    def _typed_rows(
+        self,
+        batch: pa.RecordBatch,
+        fields: _Fields,
+        lists: dict[int, pa.Array],
+        clicked: pa.Array,
+        keep: pa.Array,
+    ) -> pa.RecordBatch:
+        """The lines `keep` selects as rows of `schema`."""
         columns: list[pa.Array] = [
             batch.column(FILE_COLUMN).filter(keep),
             batch.column(BLOCK_COLUMN).filter(keep),
@@ -321,15 +335,13 @@ class _Parser:
             clicked.filter(keep),
         ]
         for position in self.numerical_positions:
-            columns.append(
-                pc.cast(_nulls_for_empty(field(position).filter(keep)), self.number_type)
-            )
-        for index, column in enumerate(layout.categorical):
+            text = _nulls_for_empty(fields.text(position).filter(keep))
+            columns.append(pc.cast(text, self.number_type))
+        for index, column in enumerate(self.layout.categorical):
             if column.variable_length:
-                elements, _ = lists[index]
-                columns.append(self._typed_list(column, elements.filter(keep)))
+                columns.append(self._typed_list(column, lists[index].filter(keep)))
                 continue
-            values = _nulls_for_empty(field(self.categorical_positions[index]).filter(keep))
+            values = _nulls_for_empty(fields.text(self.categorical_positions[index]).filter(keep))
             columns.append(
                 pc.cast(values, pa.int64()) if column.kind == CategoricalKind.ID else values
             )

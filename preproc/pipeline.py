@@ -22,7 +22,7 @@ import functools
 import json
 import shutil
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -119,8 +119,8 @@ class _Run:
     def _plan(self) -> dict[str, Stage]:
         config = self.config
         inputs = [file_identity(f.path) for f in config.files]
-        # format 3: the well-formed rows and their value counts (line_parser); 1 kept
-        # every line and no counts.
+        # "format" names what the stage writes (the well-formed rows and their value
+        # counts, `line_parser`): an output of another format is stale.
         parse = fingerprint(
             {"stage": "parse", "format": 3, "layout": _layout_json(config), "files": inputs}
         )
@@ -326,16 +326,8 @@ class _Run:
         self, staging: Path, mapping: str, parse: Marker, vocabulary: Marker
     ) -> dict[str, Any]:
         config = self.config
-        layout = config.layout
         index = LineIndex.from_json(parse.summary["line_index"])
-        cardinalities = [f["cardinality"] for f in vocabulary.summary["features"]]
-        # Ids at or above the parent's cardinality are new ones (without a parent:
-        # none, as no id reaches the cardinality).
-        new_from = [
-            c if f["previous_cardinality"] is None else f["previous_cardinality"]
-            for c, f in zip(cardinalities, vocabulary.summary["features"], strict=True)
-        ]
-        oov_buckets = [config.oov_buckets if c.uses_vocabulary else 0 for c in layout.categorical]
+        features = vocabulary.summary["features"]
         expected = sum(f["rows"] for f in parse.summary["files"] if f["mapping"] == mapping)
         rows = with_line_numbers(
             self.spark, self._parsed_rows(mapping), index, self.work / LINE_INDEX_FILE
@@ -344,37 +336,17 @@ class _Run:
         encoded, lookups = encode(
             self.spark,
             rows,
-            layout,
-            vocabulary_dir if layout.vocabulary_columns else None,
-            cardinalities,
+            config.layout,
+            vocabulary_dir if config.layout.vocabulary_columns else None,
+            [f["cardinality"] for f in features],
             config.numerical_transform,
             config.oov_buckets,
         )
-        lines = index.lines_per_file(len(config.files))
-        offsets, total = [0] * len(config.files), 0
-        for number in config.files_of(mapping):
-            offsets[number], total = total, total + lines[number]
-        ordering = Ordering(
-            shuffle=config.shuffle_train and mapping == TRAIN_MAPPING,
-            seed=config.seed,
-            file_keys=tuple(f.key for f in config.files),
-            file_offsets=tuple(offsets),
-            total_lines=total,
-        )
         parallelism = self.spark.sparkContext.defaultParallelism
         tasks, buckets = plan_partitions(expected, parallelism, config.rows_per_partition)
-        part = PartFormat(
-            parts_dir=str(staging / "_parts"),
-            num_numerical=len(layout.numerical),
-            categorical_dtypes=tuple(minimal_categorical_dtype(c) for c in cardinalities),
-            cardinalities=tuple(cardinalities),
-            variable_length=layout.variable_length,
-            vocabularies=lookups,
-            oov_buckets=tuple(oov_buckets),
-            new_ids_from=tuple(new_from),
-        )
-        ordered = order_columns(encoded, ordering, buckets)
-        stats = write_ordered(ordered, layout, part, staging, tasks, buckets)
+        part = self._part_format(staging, features, lookups)
+        ordered = order_columns(encoded, self._ordering(mapping, index), buckets)
+        stats = write_ordered(ordered, config.layout, part, staging, tasks, buckets)
         if stats.rows != expected:
             raise PreprocessingError(
                 f"{mapping}: wrote {stats.rows} rows, expected {expected} (the well-formed "
@@ -389,6 +361,50 @@ class _Run:
             "new_ids": stats.new_ids,
             "saturated": stats.saturated,
         }
+
+    def _ordering(self, mapping: str, index: LineIndex) -> Ordering:
+        """The order of `mapping`'s rows: shuffled (train), else the input order."""
+        config = self.config
+        lines = index.lines_per_file(len(config.files))
+        offsets, total = [0] * len(config.files), 0
+        for number in config.files_of(mapping):
+            offsets[number], total = total, total + lines[number]
+        return Ordering(
+            shuffle=config.shuffle_train and mapping == TRAIN_MAPPING,
+            seed=config.seed,
+            file_keys=tuple(f.key for f in config.files),
+            file_offsets=tuple(offsets),
+            total_lines=total,
+        )
+
+    def _part_format(
+        self,
+        staging: Path,
+        features: Sequence[Mapping[str, Any]],
+        lookups: tuple[str | None, ...],
+    ) -> PartFormat:
+        """What the writing tasks write, from the vocabulary stage's `features`."""
+        layout = self.config.layout
+        cardinalities = [f["cardinality"] for f in features]
+        # Ids at or above the parent's cardinality are new ones (without a parent:
+        # none, as no id reaches the cardinality).
+        new_from = [
+            c if f["previous_cardinality"] is None else f["previous_cardinality"]
+            for c, f in zip(cardinalities, features, strict=True)
+        ]
+        oov_buckets = [
+            self.config.oov_buckets if c.uses_vocabulary else 0 for c in layout.categorical
+        ]
+        return PartFormat(
+            parts_dir=str(staging / "_parts"),
+            num_numerical=len(layout.numerical),
+            categorical_dtypes=tuple(minimal_categorical_dtype(c) for c in cardinalities),
+            cardinalities=tuple(cardinalities),
+            variable_length=layout.variable_length,
+            vocabularies=lookups,
+            oov_buckets=tuple(oov_buckets),
+            new_ids_from=tuple(new_from),
+        )
 
     # ---------------------------------------------------------------- finish
 

@@ -24,12 +24,36 @@ def build_report(
     timings: Mapping[str, Mapping[str, Any]],
 ) -> dict[str, Any]:
     """The report as a JSON-serialisable dict."""
-    layout = config.layout
     malformed = {
         r: sum(f["malformed"][r] for f in parse_summary["files"]) for r in MALFORMED_REASONS
     }
+    return {
+        "output_dir": str(config.output_dir),
+        "source": config.source,
+        "vocabulary": spec.metadata.get(METADATA_KEY),
+        "vocabulary_from": None if config.vocabulary_from is None else str(config.vocabulary_from),
+        "numerical_transform": config.numerical_transform.value,
+        "shuffle_train": config.shuffle_train,
+        "seed": config.seed,
+        "files": parse_summary["files"],
+        "lines": sum(f["lines"] for f in parse_summary["files"]),
+        "header_lines": sum(f[HEADER] for f in parse_summary["files"]),
+        "malformed": malformed,
+        "malformed_total": sum(malformed.values()),
+        "malformed_examples": parse_summary["examples"],
+        "splits": _split_entries(config.mappings, split_summaries),
+        "categorical": _categorical_entries(config, spec, vocabulary_summary, split_summaries),
+        "numerical": _numerical_entries(config, split_summaries),
+        "stages": dict(timings),
+    }
+
+
+def _split_entries(
+    mappings: Sequence[str], split_summaries: Mapping[str, Mapping[str, Any]]
+) -> dict[str, dict[str, Any]]:
+    """Per mapping: rows, positives and positive rate."""
     splits = {}
-    for mapping in config.mappings:
+    for mapping in mappings:
         summary = split_summaries[mapping]
         rows = summary["rows"]
         splits[mapping] = {
@@ -37,12 +61,21 @@ def build_report(
             "positives": summary["positives"],
             "positive_rate": summary["positives"] / rows if rows else 0.0,
         }
+    return splits
+
+
+def _categorical_entries(
+    config: PipelineConfig,
+    spec: FeatureSpec,
+    vocabulary_summary: Mapping[str, Any],
+    split_summaries: Mapping[str, Mapping[str, Any]],
+) -> list[dict[str, Any]]:
+    """Per categorical feature: its vocabulary, cardinality and OOV (and new id) rates."""
     categorical = []
-    for index, column in enumerate(layout.categorical):
+    for index, column in enumerate(config.layout.categorical):
         feature = spec.features[column.name]
         entry = vocabulary_summary["features"][index]
         ids = {m: split_summaries[m]["ids"][index] for m in config.mappings}
-        buckets = config.oov_buckets if column.uses_vocabulary else 0
         previous = entry["previous_cardinality"]
         categorical.append(
             {
@@ -53,7 +86,7 @@ def build_report(
                     config.frequency_thresholds[index] if column.uses_vocabulary else None
                 ),
                 "distinct_in_train": entry["distinct"],
-                "oov_buckets": buckets,
+                "oov_buckets": config.oov_buckets if column.uses_vocabulary else 0,
                 # With --vocabulary_from: the cardinality there (else None).
                 "previous_cardinality": previous,
                 "cardinality": feature.cardinality,
@@ -77,33 +110,21 @@ def build_report(
                 },
             }
         )
-    numerical = [
+    return categorical
+
+
+def _numerical_entries(
+    config: PipelineConfig, split_summaries: Mapping[str, Mapping[str, Any]]
+) -> list[dict[str, Any]]:
+    """Per numerical feature: the values clipped to the float16 range, per mapping."""
+    return [
         {
             "name": column.name,
             "source": column.source,
             "saturated": {m: split_summaries[m]["saturated"][i] for m in config.mappings},
         }
-        for i, column in enumerate(layout.numerical)
+        for i, column in enumerate(config.layout.numerical)
     ]
-    return {
-        "output_dir": str(config.output_dir),
-        "source": config.source,
-        "vocabulary": spec.metadata.get(METADATA_KEY),
-        "vocabulary_from": None if config.vocabulary_from is None else str(config.vocabulary_from),
-        "numerical_transform": config.numerical_transform.value,
-        "shuffle_train": config.shuffle_train,
-        "seed": config.seed,
-        "files": parse_summary["files"],
-        "lines": sum(f["lines"] for f in parse_summary["files"]),
-        "header_lines": sum(f[HEADER] for f in parse_summary["files"]),
-        "malformed": malformed,
-        "malformed_total": sum(malformed.values()),
-        "malformed_examples": parse_summary["examples"],
-        "splits": splits,
-        "categorical": categorical,
-        "numerical": numerical,
-        "stages": dict(timings),
-    }
 
 
 def _rate(count: int, total: int) -> float:
@@ -112,26 +133,52 @@ def _rate(count: int, total: int) -> float:
 
 def format_report(report: Mapping[str, Any]) -> str:
     """The report as a plain-text table."""
-    mappings = list(report["splits"])
     lines = [f"Preprocessed dataset: {report['output_dir']}", ""]
-    lines.append(_table(
+    lines.append(_splits_table(report))
+    lines += ["", *_input_lines(report), ""]
+    lines += _vocabulary_lines(report)
+    lines.append(_categorical_table(report))
+    saturated = sum(sum(n["saturated"].values()) for n in report["numerical"])
+    lines += [
+        "",
+        f"numerical: {len(report['numerical'])} features, transform "
+        f"{report['numerical_transform']}, {saturated:,} values clipped to the float16 range",
+    ]
+    stages = ", ".join(
+        f"{name} {entry['seconds']:.1f} s" + (" (earlier run)" if entry["skipped"] else "")
+        for name, entry in report["stages"].items()
+    )
+    lines.append(f"stages: {stages}")
+    return "\n".join(lines)
+
+
+def _splits_table(report: Mapping[str, Any]) -> str:
+    return _table(
         ["split", "rows", "positives", "positive rate"],
         [
             [m, f"{s['rows']:,}", f"{s['positives']:,}", f"{100 * s['positive_rate']:.2f}%"]
             for m, s in report["splits"].items()
         ],
-    ))  # fmt: skip
+    )
+
+
+def _input_lines(report: Mapping[str, Any]) -> list[str]:
+    """The lines read and skipped, with the first malformed ones."""
     reasons = ", ".join(f"{r} {n:,}" for r, n in report["malformed"].items())
-    lines += [
-        "",
+    lines = [
         f"input: {len(report['files'])} files, {report['lines']:,} lines; "
         f"{report['malformed_total']:,} malformed lines skipped ({reasons}); "
         f"{report['header_lines']:,} header lines skipped",
     ]
     for example in report["malformed_examples"][:3]:
         lines.append(f"  e.g. {example['file']}:{example['line']}: {example['detail']}")
-    lines.append("")
+    return lines
+
+
+def _vocabulary_lines(report: Mapping[str, Any]) -> list[str]:
+    """What a carried vocabulary and the OOV buckets mean (none without either)."""
     vocabulary = report.get("vocabulary") or {}
+    lines = []
     if report.get("vocabulary_from"):
         lines.append(
             f"vocabulary {vocabulary.get('id')}: carries {report['vocabulary_from']} "
@@ -140,8 +187,15 @@ def format_report(report: Mapping[str, Any]) -> str:
         )
     if vocabulary.get("oov_buckets"):
         lines.append(f"OOV buckets: ids 1..{vocabulary['oov_buckets']} hold rare and unseen values")
-    if report.get("vocabulary_from") or vocabulary.get("oov_buckets"):
+    if lines:
         lines.append("")
+    return lines
+
+
+def _categorical_table(report: Mapping[str, Any]) -> str:
+    """A row per categorical feature; with a carried vocabulary, also the earlier
+    cardinality and the share of new ids per later split."""
+    mappings = list(report["splits"])
     carried = any(c.get("previous_cardinality") is not None for c in report["categorical"])
     later = [m for m in mappings if m != TRAIN_MAPPING]
     header = ["feature", "source", "threshold", "distinct"]
@@ -163,19 +217,7 @@ def format_report(report: Mapping[str, Any]) -> str:
         if carried:
             row += [f"{100 * c['new_id_rate'][m]:.2f}%" for m in later]
         rows.append(row)
-    lines.append(_table(header, rows))
-    saturated = sum(sum(n["saturated"].values()) for n in report["numerical"])
-    lines += [
-        "",
-        f"numerical: {len(report['numerical'])} features, transform "
-        f"{report['numerical_transform']}, {saturated:,} values clipped to the float16 range",
-    ]
-    stages = ", ".join(
-        f"{name} {entry['seconds']:.1f} s" + (" (earlier run)" if entry["skipped"] else "")
-        for name, entry in report["stages"].items()
-    )
-    lines.append(f"stages: {stages}")
-    return "\n".join(lines)
+    return _table(header, rows)
 
 
 def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:

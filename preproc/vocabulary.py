@@ -26,15 +26,20 @@ from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from preproc.value_counts import (
+    COUNT_COLUMN,
+    COUNTS_SCHEMA,
+    FEATURE_COLUMN,
+    FILE_COLUMN,
+    VALUE_COLUMN,
+)
+
 if TYPE_CHECKING:
     import numpy as np
     import pyarrow as pa
     from pyspark.sql import Column, DataFrame, SparkSession
     from pyspark.sql.types import DataType
 
-FEATURE_COLUMN = "_feature"
-VALUE_COLUMN = "_value"
-COUNT_COLUMN = "_count"
 ID_COLUMN = "_id"
 
 
@@ -62,7 +67,7 @@ def build_vocabularies(
     """Sums, thresholds and numbers the values of `features` and writes the result.
 
     Args:
-        counts_dir: the value counts of the parse tasks (`line_parser.COUNTS_SCHEMA`:
+        counts_dir: the value counts of the parse tasks (`value_counts.COUNTS_SCHEMA`:
             [_file, _feature, _value, _count], a value in several rows, one per
             file and task).
         train_files: the input file indices whose counts make the vocabularies.
@@ -81,8 +86,6 @@ def build_vocabularies(
         id, "new": ids given by this run (all of them without a parent)}.
     """
     import pyarrow.parquet as pq
-
-    from preproc.line_parser import FILE_COLUMN  # imports this module
 
     first = list(first_ids) if first_ids is not None else [1] * len(thresholds)
     files = sorted(counts_dir.glob("part-*.parquet"))
@@ -110,8 +113,6 @@ def _build_on_driver(
     import pyarrow as pa
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
-
-    from preproc.line_parser import COUNTS_SCHEMA, FILE_COLUMN  # imports this module
 
     counts = pa.concat_tables([COUNTS_SCHEMA.empty_table(), *(pq.read_table(f) for f in files)])
     train = pa.array(list(train_files), pa.int32())
@@ -186,13 +187,31 @@ def _build_with_spark(
     scratch: Path,
 ) -> dict[int, dict[str, int]]:
     """`build_vocabularies` as Spark jobs, for counts too many for the driver."""
-    from pyspark.sql import Window
     from pyspark.sql import functions as F
-    from pyspark.sql.types import StringType
 
-    spark = train_counts.sparkSession
-    # The counts are used twice; written once (not cached) so that adaptive execution
-    # sizes the tasks, and deleted after.
+    counts = _summed_counts(train_counts, features, scratch)
+    first = _per_feature(first_ids)
+    kept = counts.where(F.col(COUNT_COLUMN) >= _per_feature(thresholds))
+    old = _parent_with_spark(train_counts.sparkSession, parent, features)
+    if old is not None:
+        keys = [FEATURE_COLUMN, VALUE_COLUMN]
+        kept = kept.join(old.select(*keys), keys, "left_anti")
+    numbered = _numbered_with_spark(kept, first)
+    if old is not None:
+        numbered = numbered.unionByName(_carried_with_spark(old, counts))
+    # `output` may exist (a stage's staging directory), empty.
+    numbered.write.mode("append").partitionBy(FEATURE_COLUMN).parquet(str(output))
+    sizes = _sizes_with_spark(counts, output, features, first)
+    shutil.rmtree(scratch)
+    return sizes
+
+
+def _summed_counts(train_counts: DataFrame, features: Sequence[int], scratch: Path) -> DataFrame:
+    """[_feature, _value, _count] of `features`, summed over the files. Used twice,
+    they are written to `scratch` (not cached), so that adaptive execution sizes the
+    tasks that read them; the caller deletes it."""
+    from pyspark.sql import functions as F
+
     shutil.rmtree(scratch, ignore_errors=True)  # an interrupted run's
     (
         train_counts.where(F.col(FEATURE_COLUMN).isin(list(features)))
@@ -200,41 +219,74 @@ def _build_with_spark(
         .agg(F.sum(COUNT_COLUMN).alias(COUNT_COLUMN))
         .write.parquet(str(scratch))
     )
-    counts = spark.read.parquet(str(scratch))
-    minimum = F.element_at(F.array(*[F.lit(int(t)) for t in thresholds]), F.col(FEATURE_COLUMN) + 1)
-    first = F.element_at(F.array(*[F.lit(int(i)) for i in first_ids]), F.col(FEATURE_COLUMN) + 1)
-    kept = counts.where(F.col(COUNT_COLUMN) >= minimum)
-    carried = None
-    if parent is not None and any(feature_directory(parent, i).is_dir() for i in features):
-        old = read_vocabularies(spark, parent, StringType()).where(
-            F.col(FEATURE_COLUMN).isin(list(features))
+    return train_counts.sparkSession.read.parquet(str(scratch))
+
+
+def _per_feature(values: Sequence[int]) -> Column:
+    """The value of `values` at each row's feature (its categorical index)."""
+    from pyspark.sql import functions as F
+
+    return F.element_at(F.array(*[F.lit(int(v)) for v in values]), F.col(FEATURE_COLUMN) + 1)
+
+
+def _parent_with_spark(
+    spark: SparkSession, parent: Path | None, features: Sequence[int]
+) -> DataFrame | None:
+    """The parent's [_value, _count, _id, _feature] rows of `features`; None where
+    it has none."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import StringType
+
+    if parent is None or not any(feature_directory(parent, i).is_dir() for i in features):
+        return None
+    old = read_vocabularies(spark, parent, StringType())
+    return old.where(F.col(FEATURE_COLUMN).isin(list(features)))
+
+
+def _carried_with_spark(old: DataFrame, counts: DataFrame) -> DataFrame:
+    """The parent's ids (`old`) with the counts of this run's training (`counts`;
+    0 for a value not seen again): [_value, _count, _id, _feature]."""
+    from pyspark.sql import functions as F
+
+    keys = [FEATURE_COLUMN, VALUE_COLUMN]
+    return (
+        old.select(*keys, ID_COLUMN)
+        .join(counts, keys, "left")
+        .select(
+            VALUE_COLUMN,
+            F.coalesce(F.col(COUNT_COLUMN), F.lit(0)).cast("long").alias(COUNT_COLUMN),
+            ID_COLUMN,
+            FEATURE_COLUMN,
         )
-        keys = [FEATURE_COLUMN, VALUE_COLUMN]
-        kept = kept.join(old.select(*keys), keys, "left_anti")
-        carried = (
-            old.select(*keys, ID_COLUMN)
-            .join(counts, keys, "left")
-            .select(
-                VALUE_COLUMN,
-                F.coalesce(F.col(COUNT_COLUMN), F.lit(0)).cast("long").alias(COUNT_COLUMN),
-                ID_COLUMN,
-                FEATURE_COLUMN,
-            )
-        )
+    )
+
+
+def _numbered_with_spark(kept: DataFrame, first: Column) -> DataFrame:
+    """`kept` values numbered per feature from its `first` id on, in descending
+    count (ties by ascending value): [_value, _count, _id, _feature]."""
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
     order = Window.partitionBy(FEATURE_COLUMN).orderBy(F.desc(COUNT_COLUMN), F.asc(VALUE_COLUMN))
-    numbered = kept.select(
+    return kept.select(
         VALUE_COLUMN,
         F.col(COUNT_COLUMN).cast("long").alias(COUNT_COLUMN),
         (F.row_number().over(order) + first - 1).cast("int").alias(ID_COLUMN),
         FEATURE_COLUMN,
     )
-    if carried is not None:
-        numbered = numbered.unionByName(carried)
-    # `output` may exist (a stage's staging directory), empty.
-    numbered.write.mode("append").partitionBy(FEATURE_COLUMN).parquet(str(output))
+
+
+def _sizes_with_spark(
+    counts: DataFrame, output: Path, features: Sequence[int], first: Column
+) -> dict[int, dict[str, int]]:
+    """Per feature: values seen in training, values with an id, and ids given by
+    this run (those from the feature's `first` id on)."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import StringType
+
     distinct = counts.groupBy(FEATURE_COLUMN).agg(F.count(F.lit(1)).alias("distinct")).collect()
     written = (
-        read_vocabularies(spark, output, StringType())
+        read_vocabularies(counts.sparkSession, output, StringType())
         .groupBy(FEATURE_COLUMN)
         .agg(
             F.count(F.lit(1)).alias("kept"),
@@ -242,7 +294,6 @@ def _build_with_spark(
         )
         .collect()
     )
-    shutil.rmtree(scratch)
     found = {int(r[FEATURE_COLUMN]): int(r["distinct"]) for r in distinct}
     ids = {int(r[FEATURE_COLUMN]): (int(r["kept"]), int(r["new"])) for r in written}
     return {
