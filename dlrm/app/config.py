@@ -29,7 +29,7 @@ from dlrm.model.config import (
     INTERACTIONS,
     POOLINGS,
 )
-from dlrm.optim.config import OPTIMIZERS
+from dlrm.optim.config import OPTIMIZERS, SGD
 from dlrm.train.config import (
     DEFAULT_CPU_DENSE_CHUNK_ROWS,
     MIN_PIPELINED_CHUNK_ROWS,
@@ -62,7 +62,7 @@ class RunConfig:
     # Optimisation
     batch_size: int = 65536
     valid_batch_size: int | None = None
-    optimizer: str = "sgd"
+    optimizer: str = SGD.name
     learning_rate: float = 24.0
     warmup_steps: int = 8000
     decay_start_step: int = 48000

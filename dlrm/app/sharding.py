@@ -23,7 +23,7 @@ from dlrm.embedding.planner.report import format_plan
 from dlrm.embedding.planner.types import PlanError, TableSpec
 from dlrm.embedding.sharded import ShardedEmbeddings
 from dlrm.model.config import ModelConfig
-from dlrm.optim.optimizers import optimizer_class
+from dlrm.optim.config import optimizer_spec
 from dlrm.train.precision import Precision
 from feature_spec import TEST_MAPPING, TRAIN_MAPPING, FeatureSpec, FeatureSpecError
 
@@ -72,7 +72,7 @@ def plan_for(
             raise PlanError(f"--sharding_plan {config.sharding_plan}: {error}") from error
         # Gradient exchange is costed (and chosen) at this run's batch.
         return dataclasses.replace(plan, global_batch_size=config.batch_size)
-    slots = len(optimizer_class(config.optimizer).slot_names)
+    slots = len(optimizer_spec(config.optimizer).slot_names)
     budget = config.embedding_memory_budget_gib
     return plan_sharding(
         tables,

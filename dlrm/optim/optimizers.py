@@ -23,11 +23,11 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import tensorflow as tf
 
-from dlrm.optim.config import OPTIMIZERS
+from dlrm.optim.config import ADAGRAD, ADAM, SGD, OptimizerSpec, optimizer_spec
 from dlrm.variables import resource_variable, variable_name
 
 
@@ -51,8 +51,15 @@ class Optimizer(abc.ABC):
     counts applied steps (Adam's bias correction) and `apply` adds one.
     """
 
-    name: str = ""
-    slot_names: tuple[str, ...] = ()
+    spec: ClassVar[OptimizerSpec]
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def slot_names(self) -> tuple[str, ...]:
+        return self.spec.slot_names
 
     def __init__(self) -> None:
         self.iterations = tf.Variable(0, dtype=tf.int64, trainable=False, name="iterations")
@@ -138,7 +145,7 @@ class Optimizer(abc.ABC):
 class Sgd(Optimizer):
     """Plain SGD: w -= lr * g (no momentum, as the reference DLRM)."""
 
-    name = "sgd"
+    spec = SGD
 
     def _apply_dense(self, variable, gradient, lr, slots):  # type: ignore[no-untyped-def]
         tf.raw_ops.ResourceApplyGradientDescent(var=variable.handle, alpha=lr, delta=gradient)
@@ -151,8 +158,7 @@ class Sgd(Optimizer):
 class Adagrad(Optimizer):
     """Adagrad: accumulator += g^2; w -= lr * g / (sqrt(accumulator) + epsilon)."""
 
-    name = "adagrad"
-    slot_names = ("accumulator",)
+    spec = ADAGRAD
 
     def __init__(self, initial_accumulator_value: float = 0.1, epsilon: float = 1e-7) -> None:
         super().__init__()
@@ -197,8 +203,7 @@ class Adam(Optimizer):
     """Adam; rows of sparse gradients are updated lazily (untouched rows keep
     their moments), dense gradients as usual."""
 
-    name = "adam"
-    slot_names = ("m", "v")
+    spec = ADAM
 
     def __init__(self, beta_1: float = 0.9, beta_2: float = 0.999, epsilon: float = 1e-7) -> None:
         super().__init__()
@@ -258,12 +263,9 @@ class Adam(Optimizer):
 
 
 def optimizer_class(name: str) -> type[Optimizer]:
-    """The optimizer an `--optimizer` value names (its `slot_names` tell the
-    planner how much memory its slots take)."""
-    for cls in (Sgd, Adagrad, Adam):
-        if cls.name == name:
-            return cls
-    raise ValueError(f"--optimizer: expected one of {', '.join(OPTIMIZERS)}, got {name!r}")
+    """The optimizer an `--optimizer` value names; ValueError naming the flag."""
+    spec = optimizer_spec(name)
+    return next(cls for cls in (Sgd, Adagrad, Adam) if cls.spec == spec)
 
 
 def create_optimizer(name: str) -> Optimizer:
