@@ -66,6 +66,7 @@ def main(argv: list[str]) -> int:
     quiet_logs(bool(FLAGS["verbosity"].present) and FLAGS.verbosity >= 0)
     from dataloading.errors import DatasetError
     from dlrm.app.dispatch import run_mode
+    from dlrm.app.modes.training import NothingToTrainError
     from dlrm.checkpoint.format import CheckpointError
     from dlrm.distributed.agreement import RankMismatchError
     from dlrm.embedding.planner.types import PlanError
@@ -74,6 +75,9 @@ def main(argv: list[str]) -> int:
 
     try:
         summary = run_mode(config)
+    except NothingToTrainError as error:
+        _error(str(error), True)
+        return 2
     except ConfigError as error:  # settings that only the run can check (world size)
         _error(f"invalid flags: {error}", True)
         return 2

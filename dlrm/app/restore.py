@@ -59,11 +59,14 @@ def resume_path(run: AssembledRun) -> str | None:
 
 @dataclasses.dataclass(frozen=True)
 class TrainingStart:
-    """Where training starts: `step`, and the step whose weights are already in a
-    checkpoint of this run (-1: none, a fresh or warm start)."""
+    """Where training starts: `step`, the step whose weights are already in a
+    checkpoint of this run (-1: none, a fresh or warm start), and the checkpoint
+    restored, when one was (`resumed`: the run's own, found by `--resume`)."""
 
     step: int = 0
     saved_step: int = -1
+    checkpoint: str | None = None
+    resumed: bool = False
 
 
 def restore_for_training(run: AssembledRun) -> TrainingStart:
@@ -89,7 +92,9 @@ def restore_for_training(run: AssembledRun) -> TrainingStart:
         log.print(f"warm start from {checkpoint.path} (its step {saved_at}){_brief(grown)}")
     else:
         log.print(f"restored {checkpoint.path} at step {saved_at}{_brief(grown)}")
-    start = TrainingStart() if warm_start else TrainingStart(saved_at, saved_at)
+    start = TrainingStart(checkpoint=str(checkpoint.path))
+    if not warm_start:
+        start = TrainingStart(saved_at, saved_at, str(checkpoint.path), own is not None)
     log.write(
         "restore",
         step=start.step,

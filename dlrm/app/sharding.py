@@ -123,6 +123,30 @@ class RankShards:
     hosts: list[str]
 
 
+def agreed_plan(
+    config: RunConfig, model_config: ModelConfig, spec: FeatureSpec, collectives: Collectives
+) -> ShardingPlan:
+    """`plan_for` on every rank, whose outcome every rank shares (one allgather): a
+    plan that cannot be made raises the same `PlanError` on every rank, which is
+    reported once, naming the rank where ranks failed differently."""
+    plan, error = None, None
+    try:
+        plan = plan_for(config, model_config, spec, collectives.world_size)
+    except PlanError as caught:
+        error = caught
+    messages = collectives.allgather_object(None if error is None else str(error), name="plan")
+    failed = [(rank, message) for rank, message in enumerate(messages) if message is not None]
+    if failed:
+        rank, message = failed[0]
+        if len(failed) < len(messages) or any(m != message for _, m in failed):
+            message = f"on rank {rank}: {message}"
+        agreed = PlanError(message)
+        agreed.same_on_every_rank = True  # from one allgather (dlrm.distributed.launcher)
+        raise agreed from error
+    assert plan is not None
+    return plan
+
+
 def shard_over_ranks(
     config: RunConfig,
     model_config: ModelConfig,
@@ -137,7 +161,7 @@ def shard_over_ranks(
         if config.sharding_plan:  # needs none, but a given one that does not fit is a mistake
             plan_for(config, model_config, spec, 1)
         return RankShards(None, [socket.gethostname()])
-    plan = plan_for(config, model_config, spec, collectives.world_size)
+    plan = agreed_plan(config, model_config, spec, collectives)
     check_ranks_agree(collectives, agreement_facts(config, model_config, spec, plan))
     hosts = collectives.allgather_object(socket.gethostname(), name="hostnames")
     log.print(

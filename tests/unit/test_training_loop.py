@@ -5,6 +5,7 @@ that was never stopped."""
 from __future__ import annotations
 
 import io
+import math
 import os
 import signal
 from collections.abc import Callable
@@ -16,7 +17,7 @@ import pytest
 from dataloading.synthetic import generate_split_binary
 from dlrm.app.assembly import AssembledRun, assemble_run
 from dlrm.app.config import RunConfig
-from dlrm.app.modes.training import train
+from dlrm.app.modes.training import NothingToTrainError, train
 from dlrm.app.reporting import MetricsLog
 from dlrm.checkpoint.format import CheckpointError, list_checkpoints
 from dlrm.checkpoint.reader import Checkpoint
@@ -158,3 +159,43 @@ def test_an_unreadable_newest_checkpoint_is_an_error_not_a_fresh_start(
     (tmp_path / "step_000000002" / "manifest.json").write_text("{")
     with pytest.raises(CheckpointError, match="step_000000002"):
         train(session(dataset, save_checkpoint_path=str(tmp_path), resume=True))
+
+
+def test_a_restore_past_the_schedule_end_names_the_step_the_end_and_the_flags(
+    dataset: Path, tmp_path: Path
+) -> None:
+    """Yesterday's checkpoint at step 10, today's schedule 8 steps: nothing to
+    train is an error (the command exits 2), not a run of 0 steps."""
+    yesterday = tmp_path / "yesterday"
+    train(session(dataset, save_checkpoint_path=str(yesterday)))
+    today = session(dataset, restore_checkpoint_path=str(yesterday), epochs=1, max_steps=-1)
+    with pytest.raises(NothingToTrainError) as error:
+        train(today)
+    message = str(error.value)
+    assert "step_000000010 is at step 10, at or past the end of this run's schedule" in message
+    assert "(step 8: 1 epoch(s) of 8 steps)" in message
+    for remedy in ("--warm_start", "--epochs", "--max_steps"):
+        assert remedy in message
+    # Cut by --max_steps, the end says so.
+    capped = session(dataset, restore_checkpoint_path=str(yesterday), max_steps=6)
+    with pytest.raises(NothingToTrainError, match=r"\(step 6: 2 epoch\(s\) of 8 steps, cut at"):
+        train(capped)
+    # With --warm_start the same checkpoint trains today's 8 steps.
+    warm = session(
+        dataset, restore_checkpoint_path=str(yesterday), warm_start=True, epochs=1, max_steps=-1
+    )
+    assert train(warm)["steps_this_run"] == 8
+
+
+def test_resuming_a_finished_run_is_a_success_with_its_evaluation(
+    dataset: Path, tmp_path: Path
+) -> None:
+    flags = {"save_checkpoint_path": str(tmp_path), "resume": True}
+    first = train(session(dataset, **flags))
+    again = train(session(dataset, **flags))
+    assert again["finished"] and again["steps"] == STEPS and again["steps_this_run"] == 0
+    assert again["auc"] == first["auc"]  # the checkpoint's weights, evaluated again
+    assert "final_loss" not in again  # no step, no loss: never NaN
+    assert all(not isinstance(v, float) or math.isfinite(v) for v in again.values())
+    assert all(math.isfinite(v) for v in first.values() if isinstance(v, float))
+    assert steps_saved(tmp_path) == [STEPS]

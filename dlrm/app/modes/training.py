@@ -21,6 +21,7 @@ import tensorflow as tf
 from dataloading.errors import DatasetError
 from dataloading.split_binary import Batch, SplitBinaryDataset
 from dlrm.app.assembly import AssembledRun
+from dlrm.app.config import ConfigError
 from dlrm.app.modes.evaluation import eval_record, evaluate
 from dlrm.app.policies import CheckpointPolicy, EvaluationPolicy, Horizon, ProgressReport
 from dlrm.app.reporting import Throughput
@@ -58,6 +59,8 @@ def train(
     data = training_data(run)
     start = restore_for_training(run)
     horizon = horizon_of(run, data, start)
+    if horizon.reached(horizon.start_step):
+        return finished_already(run, start, horizon)
     write_run_files(run)
     announce(run, data, horizon)
     loop = TrainingLoop(run, data, horizon, start, progress or TrainProgress(), after_checkpoint)
@@ -85,6 +88,44 @@ def horizon_of(run: AssembledRun, data: SplitBinaryDataset, start: TrainingStart
     if config.max_steps > 0:
         total = min(total, config.max_steps)
     return Horizon(data.num_batches, start.step, total)
+
+
+class NothingToTrainError(ConfigError):
+    """The checkpoint a run starts from is at or past the end of its schedule."""
+
+
+def finished_already(run: AssembledRun, start: TrainingStart, horizon: Horizon) -> dict[str, Any]:
+    """A run that starts at or past its schedule's end: with `--resume` on its own
+    checkpoint it has finished, which is a success, said in one line, with the
+    checkpoint's evaluation; else `NothingToTrainError` names the step, the end
+    and the flags that would train."""
+    config = run.config
+    end = f"step {horizon.total_steps:,}: {config.epochs} epoch(s) of {horizon.steps_per_epoch:,}"
+    if 0 < config.max_steps < config.epochs * horizon.steps_per_epoch:
+        end += f" steps, cut at --max_steps {config.max_steps:,}"
+    else:
+        end += " steps"
+    if not start.resumed:
+        raise NothingToTrainError(
+            f"nothing to train: --restore_checkpoint_path {start.checkpoint} is at step "
+            f"{start.step:,}, at or past the end of this run's schedule ({end}). To train "
+            "from it, add --warm_start (this dataset from its first batch, the weights and "
+            "optimizer state from the checkpoint), more --epochs or a larger --max_steps"
+        )
+    run.log.print(
+        f"nothing to train: {start.checkpoint} is at step {start.step:,}, the end of this "
+        f"run's schedule ({end}); the run has finished"
+    )
+    result = evaluate(run)
+    return {
+        "mode": "train",
+        "steps": start.step,
+        "steps_this_run": 0,
+        "finished": True,
+        **eval_record(result),
+        "checkpoint": start.checkpoint,
+        "world_size": run.collectives.world_size,
+    }
 
 
 def write_run_files(run: AssembledRun) -> None:
@@ -171,8 +212,6 @@ class TrainingLoop:
             if preempted:  # still under StopSignals: a second signal does not cut the save short
                 self._stop_preempted(reader)
         self.trainer.check_finite()
-        if self.last_result is None and not preempted:  # resumed at or past the end
-            self.last_result = evaluate(self.assembled)
         return self._summary(time.perf_counter() - wall_start, preempted)
 
     def _train(self, signals: StopSignals, reader: list[Iterator[Batch]]) -> bool:
