@@ -9,13 +9,16 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from absl import flags
 
 from dlrm.app.config import INPUT_MODES, MODES, RunConfig
+from dlrm.checkpoint.format import CheckpointError
+from dlrm.checkpoint.reader import Checkpoint
 from dlrm.distributed.preemption import EXIT_PREEMPTED
 from dlrm.embedding.planner.types import STRATEGIES
-from dlrm.model.config import INTERACTIONS
+from dlrm.model.config import INTERACTIONS, LEGACY_VALUES
 from dlrm.optim.config import OPTIMIZERS
 from dlrm.train.config import DEFAULT_CPU_DENSE_CHUNK_ROWS, MIN_PIPELINED_CHUNK_ROWS
 
@@ -317,11 +320,53 @@ def _widths(flag: str, values: list[str]) -> tuple[int, ...]:
 def config_from_flags() -> RunConfig:
     """The frozen, validated config (raises ConfigError/ValueError naming the flag).
 
-    Every RunConfig field is the flag of the same name; MLP widths are parsed."""
+    Every RunConfig field is the flag of the same name; MLP widths are parsed. In
+    `--mode eval` and `inference`, the architecture flags not given come from the
+    checkpoint's manifest (`architecture_from_checkpoint`)."""
     values = {field.name: getattr(FLAGS, field.name) for field in dataclasses.fields(RunConfig)}
     for flag in ("embedding_dim", "bottom_mlp_dims", "top_mlp_dims"):
         values[flag] = _widths(flag, values[flag])
+    if values["mode"] in ("eval", "inference") and values["restore_checkpoint_path"]:
+        given = {flag for flag in ARCHITECTURE_FLAGS if FLAGS[flag].present}
+        values.update(architecture_from_checkpoint(values["restore_checkpoint_path"], given))
     return RunConfig(**values)
+
+
+# The flags that describe the architecture, which every checkpoint's manifest records.
+ARCHITECTURE_FLAGS = (
+    "embedding_dim",
+    "bottom_mlp_dims",
+    "top_mlp_dims",
+    "interaction",
+    "num_cross_layers",
+    "cross_layer_projection_dim",
+    "pooling",
+)
+
+
+def architecture_from_checkpoint(path: str, given: set[str]) -> dict[str, Any]:
+    """The architecture flags not in `given`, as the checkpoint at `path` records
+    them (export reads the whole model from it the same way). Flags given stay as
+    they are: a restore refuses those that contradict the checkpoint. An unreadable
+    checkpoint gives nothing here; the restore names what is wrong with it."""
+    try:
+        saved = Checkpoint(path).manifest.get("model")
+    except CheckpointError:
+        return {}
+    if not isinstance(saved, dict):
+        return {}
+    model = {**LEGACY_VALUES, **saved}
+    found: dict[str, Any] = {}
+    for flag in ARCHITECTURE_FLAGS:
+        value = model.get(flag)
+        if flag in given or value is None:
+            continue
+        found[flag] = tuple(value) if isinstance(value, list) else value
+    if isinstance(found.get("embedding_dim"), int):
+        found["embedding_dim"] = (found["embedding_dim"],)
+    if isinstance(found.get("pooling"), str):
+        found["pooling"] = (found["pooling"],)
+    return found
 
 
 # The flagfiles that ship with the package (MLPerf DLRM-DCNv2 and its scaled-down variant).

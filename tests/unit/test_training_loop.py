@@ -13,10 +13,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from absl import flags
 
 from dataloading.synthetic import generate_split_binary
 from dlrm.app.assembly import AssembledRun, assemble_run
 from dlrm.app.config import RunConfig
+from dlrm.app.dispatch import run_mode
+from dlrm.app.flags import config_from_flags
 from dlrm.app.modes.training import NothingToTrainError, train
 from dlrm.app.reporting import MetricsLog
 from dlrm.checkpoint.format import CheckpointError, list_checkpoints
@@ -199,3 +202,36 @@ def test_resuming_a_finished_run_is_a_success_with_its_evaluation(
     assert all(not isinstance(v, float) or math.isfinite(v) for v in again.values())
     assert all(math.isfinite(v) for v in first.values() if isinstance(v, float))
     assert steps_saved(tmp_path) == [STEPS]
+
+
+def config_of(*argv: str) -> RunConfig:
+    """dlrm-train's config of these flags."""
+    flags.FLAGS.unparse_flags()
+    flags.FLAGS(["main.py", *argv])
+    try:
+        return config_from_flags()
+    finally:
+        flags.FLAGS.unparse_flags()
+
+
+@pytest.mark.parametrize("mode", ["eval", "inference"])
+def test_eval_and_inference_take_the_architecture_from_the_checkpoint(
+    dataset: Path, tmp_path: Path, mode: str
+) -> None:
+    trained = train(session(dataset, save_checkpoint_path=str(tmp_path)))
+    given = [f"--mode={mode}", f"--dataset_path={dataset}", f"--restore_checkpoint_path={tmp_path}"]
+    config = config_of(*given, "--batch_size=64", "--max_steps=2", "--benchmark_warmup_steps=0")
+    assert (config.embedding_dim, config.bottom_mlp_dims, config.top_mlp_dims) == (
+        (6,),
+        (9, 6),
+        (11, 1),
+    )
+    summary = run_mode(config, io.StringIO())
+    if mode == "eval":
+        assert summary["auc"] == trained["auc"]
+    else:
+        assert summary["steps"] == 2 and summary["samples_per_second"] > 0
+    # A flag given that contradicts the checkpoint is refused, naming the field.
+    contradicting = config_of(*given, "--batch_size=64", "--bottom_mlp_dims=8,6")
+    with pytest.raises(CheckpointError, match=r"bottom_mlp_dims: checkpoint \[9, 6\], this run"):
+        run_mode(contradicting, io.StringIO())
