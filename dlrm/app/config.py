@@ -39,6 +39,7 @@ from dlrm.train.config import (
 from feature_spec.staged import write_file_atomically
 
 MODES = ("train", "eval", "inference", "export")
+SCHEDULE_FROM = ("checkpoint", "zero")
 
 
 INPUT_MODES = ("model_parallel", "data_parallel")
@@ -112,8 +113,11 @@ class RunConfig:
     # Continue from the newest checkpoint in save_checkpoint_path when it has one.
     resume: bool = False
     # Start from restore_checkpoint_path's weights and optimizer state, at step 0
-    # of this run's data and schedule (a new day's data), not at its step.
+    # of this run's data (a new day's data), not at its step.
     warm_start: bool = False
+    # Where a warm start's learning-rate schedule stands: where the checkpoint's was
+    # (warmup not repeated, decay going on), or at its start again.
+    schedule_from: str = SCHEDULE_FROM[0]
     # Besides SIGTERM, a signal that stops training at a checkpoint (dlrm.preemption).
     preemption_signal: str | None = None
     saved_model_output_path: str | None = None
@@ -233,6 +237,10 @@ def _check_choices(c: RunConfig) -> None:
         c.sharding_strategy in STRATEGIES,
         f"--sharding_strategy: expected one of {', '.join(STRATEGIES)}, "
         f"got {c.sharding_strategy!r}",
+    )
+    _require(
+        c.schedule_from in SCHEDULE_FROM,
+        f"--schedule_from: expected one of {', '.join(SCHEDULE_FROM)}, got {c.schedule_from!r}",
     )
     _require(
         c.input_mode in INPUT_MODES,

@@ -13,7 +13,7 @@ from typing import Any
 
 from absl import flags
 
-from dlrm.app.config import INPUT_MODES, MODES, RunConfig
+from dlrm.app.config import INPUT_MODES, MODES, SCHEDULE_FROM, RunConfig
 from dlrm.checkpoint.format import CheckpointError
 from dlrm.checkpoint.reader import Checkpoint
 from dlrm.distributed.preemption import EXIT_PREEMPTED
@@ -284,8 +284,15 @@ flags.DEFINE_bool(
     "warm_start",
     _D("warm_start"),
     "With --restore_checkpoint_path: start from its weights and optimizer state at step 0 "
-    "of this run's data and schedule (the next day's data), not at its step. Its tables "
-    "grow to this dataset's cardinalities when the dataset extends its vocabulary.",
+    "of this run's data (the next day's data), not at its step. Its tables grow to this "
+    "dataset's cardinalities when the dataset extends its vocabulary.",
+)
+flags.DEFINE_enum(
+    "schedule_from",
+    _D("schedule_from"),
+    list(SCHEDULE_FROM),
+    "Where a --warm_start's learning-rate schedule stands at its first step: checkpoint "
+    "(where the checkpoint's was: warmup is not repeated, decay goes on) or zero (its start).",
 )
 
 

@@ -13,6 +13,7 @@ from dlrm.checkpoint.format import CheckpointError, newest_checkpoint
 from dlrm.checkpoint.model_state import check_model_matches, grown_tables, restore_model_weights
 from dlrm.checkpoint.reader import Checkpoint
 from dlrm.train.state import restore_training_state
+from dlrm.train.trainer import Trainer
 
 
 def open_checkpoint(run: AssembledRun, path: str) -> Checkpoint:
@@ -87,9 +88,12 @@ def restore_for_training(run: AssembledRun) -> TrainingStart:
 
     checkpoint, saved_at = restore_on_every_rank(run.collectives, path, restore)
     grown = grown_tables(checkpoint, run.model_config.cardinalities)
-    if warm_start:  # this run's data and schedule from their start
-        trainer.step.assign(0)
-        log.print(f"warm start from {checkpoint.path} (its step {saved_at}){_brief(grown)}")
+    if warm_start:  # this run's data from its start
+        schedule_step = warm_schedule(trainer, saved_at, config.schedule_from)
+        log.print(
+            f"warm start from {checkpoint.path} (its step {saved_at}; the learning-rate "
+            f"schedule from its step {schedule_step:,}){_brief(grown)}"
+        )
     else:
         log.print(f"restored {checkpoint.path} at step {saved_at}{_brief(grown)}")
     start = TrainingStart(checkpoint=str(checkpoint.path))
@@ -104,6 +108,16 @@ def restore_for_training(run: AssembledRun) -> TrainingStart:
         grown=[{"table": t, "rows": old, "to": new} for t, old, new in grown],
     )
     return start
+
+
+def warm_schedule(trainer: Trainer, saved_at: int, schedule_from: str) -> int:
+    """A warm start's first step is step 0 of this run's data; its schedule stands
+    where the checkpoint's stood (`schedule_from` "checkpoint": its own offset plus
+    its steps) or at its start ("zero"). Returns that schedule step."""
+    offset = int(trainer.schedule_offset.numpy()) + saved_at if schedule_from == "checkpoint" else 0
+    trainer.step.assign(0)
+    trainer.schedule_offset.assign(offset)
+    return offset
 
 
 def _brief(grown: list[tuple[int, int, int]]) -> str:

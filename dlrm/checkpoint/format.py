@@ -73,7 +73,7 @@ _HASH_BLOCK = 1 << 22
 class CheckpointError(RuntimeError):
     """A checkpoint is missing, incomplete, corrupted or does not fit the model."""
 
-    # True when the ranks agreed on it through a collective (dlrm.launch).
+    # True when the ranks agreed on it through a collective (dlrm.distributed.launcher).
     same_on_every_rank = False
 
 

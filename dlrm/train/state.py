@@ -24,6 +24,8 @@ from dlrm.train.trainer import Trainer
 from dlrm.variables import variable_name
 
 STEP_KEY = "trainer/step"
+# Absent from checkpoints written before warm starts could continue the schedule: 0.
+SCHEDULE_OFFSET_KEY = "trainer/schedule_offset"
 ITERATIONS_KEY = "optimizer/iterations"
 LOSS_SCALE_KEYS = ("loss_scale/scale", "loss_scale/good_steps")
 
@@ -128,6 +130,7 @@ def _write_own_part(trainer: Trainer, writer: CheckpointWriter, step: int) -> No
 def _dense_arrays(trainer: Trainer, step: int) -> dict[str, np.ndarray]:
     dense: dict[str, np.ndarray] = {
         STEP_KEY: np.asarray(step, np.int64),
+        SCHEDULE_OFFSET_KEY: np.asarray(trainer.schedule_offset.numpy(), np.int64),
         ITERATIONS_KEY: np.asarray(trainer.optimizer.iterations.numpy()),
     }
     if trainer.loss_scale is not None:
@@ -143,7 +146,8 @@ def _dense_arrays(trainer: Trainer, step: int) -> dict[str, np.ndarray]:
 
 def restore_training_state(trainer: Trainer, checkpoint: Checkpoint) -> int:
     """Loads `checkpoint` into `trainer` (any sharding it was written with):
-    weights, optimizer slots, step and loss scale. Returns the step to continue from."""
+    weights, optimizer slots, step, the schedule's offset and the loss scale.
+    Returns the step to continue from."""
     saved = checkpoint.manifest.get("optimizer", {}).get("name")
     if saved != trainer.optimizer.name:
         raise CheckpointError(
@@ -160,8 +164,10 @@ def restore_training_state(trainer: Trainer, checkpoint: Checkpoint) -> int:
             restore_shard(checkpoint, shard, slot_variable, slot)
     step = int(checkpoint.dense_array(STEP_KEY))
     trainer.step.assign(step)
+    dense = checkpoint.dense()
+    trainer.schedule_offset.assign(int(dense.get(SCHEDULE_OFFSET_KEY, 0)))
     trainer.optimizer.iterations.assign(int(checkpoint.dense_array(ITERATIONS_KEY)))
-    if trainer.loss_scale is not None and LOSS_SCALE_KEYS[0] in checkpoint.dense():
+    if trainer.loss_scale is not None and LOSS_SCALE_KEYS[0] in dense:
         trainer.loss_scale.scale.assign(checkpoint.dense_array(LOSS_SCALE_KEYS[0]))
         trainer.loss_scale.good_steps.assign(checkpoint.dense_array(LOSS_SCALE_KEYS[1]))
     return step

@@ -119,6 +119,11 @@ class Trainer:
         optimizer.build(self.dense_variables + self.embedding_variables)
         # Batches consumed: drives the schedule and the data position on resume.
         self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
+        # Where the learning-rate schedule stood at step 0: a warm start's checkpoint's
+        # own position when the schedule continues across runs (--schedule_from), else 0.
+        self.schedule_offset = tf.Variable(
+            0, dtype=tf.int64, trainable=False, name="schedule_offset"
+        )
         self.first_non_finite_step = tf.Variable(
             -1, dtype=tf.int64, trainable=False, name="first_non_finite_step"
         )
@@ -181,7 +186,7 @@ class Trainer:
         return loss, dense_gradients, [chunk[2] for chunk in chunks]
 
     def _train_step_eager(self, batch: Batch, requests: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
-        learning_rate = self.learning_rate(self.step)
+        learning_rate = self.learning_rate_at(self.step)
         embeddings = self.model.embeddings
         scale = self.loss_scale.scale if self.loss_scale else tf.constant(1.0)
         spans = chunk_bounds(batch.numerical.shape[0], self.dense_chunk_rows)
@@ -279,6 +284,11 @@ class Trainer:
         rank gets the same answer after the same step."""
         return self._train_step(batch, tf.constant(requests, tf.float32))
 
+    def learning_rate_at(self, step: tf.Tensor) -> tf.Tensor:
+        """The learning rate of this run's 0-based `step`: the schedule's at
+        `schedule_offset + step`."""
+        return self.learning_rate(self.schedule_offset + step)
+
     def check_finite(self) -> None:
         """Raises `NonFiniteLossError` if any step so far had a NaN/inf loss."""
         step = int(self.first_non_finite_step.numpy())
@@ -287,5 +297,5 @@ class Trainer:
                 step,
                 float(self.first_non_finite_loss.numpy()),
                 self.precision,
-                float(self.learning_rate(tf.constant(step, tf.int64))),
+                float(self.learning_rate_at(tf.constant(step, tf.int64))),
             )

@@ -22,6 +22,7 @@ from dlrm.app.dispatch import run_mode
 from dlrm.app.flags import config_from_flags
 from dlrm.app.modes.training import NothingToTrainError, train
 from dlrm.app.reporting import MetricsLog
+from dlrm.app.restore import restore_for_training
 from dlrm.checkpoint.format import CheckpointError, list_checkpoints
 from dlrm.checkpoint.reader import Checkpoint
 from tests.harness.checkpoints import assert_identical
@@ -235,3 +236,41 @@ def test_eval_and_inference_take_the_architecture_from_the_checkpoint(
     contradicting = config_of(*given, "--batch_size=64", "--bottom_mlp_dims=8,6")
     with pytest.raises(CheckpointError, match=r"bottom_mlp_dims: checkpoint \[9, 6\], this run"):
         run_mode(contradicting, io.StringIO())
+
+
+@pytest.mark.parametrize("schedule_from", ["checkpoint", "zero"])
+def test_a_warm_start_continues_the_schedule_or_starts_it_again(
+    dataset: Path, tmp_path: Path, schedule_from: str
+) -> None:
+    """Yesterday warmed up over 20 steps and stopped at 10; today's first step
+    continues the warmup at step 10 (the default), or starts it again at 0."""
+    schedule = {"warmup_steps": 20, "learning_rate": 0.05}
+    yesterday = tmp_path / "yesterday"
+    train(session(dataset, save_checkpoint_path=str(yesterday), **schedule))
+    flags = {
+        **schedule,
+        "restore_checkpoint_path": str(yesterday),
+        "warm_start": True,
+        "schedule_from": schedule_from,
+        "save_checkpoint_path": str(tmp_path / "today"),
+        "epochs": 1,
+        "max_steps": -1,
+    }
+    today = session(dataset, **flags)
+    assert today.trainer is not None
+    restore_for_training(today)
+    first = float(today.trainer.learning_rate_at(today.trainer.step))
+    expected_step = STEPS if schedule_from == "checkpoint" else 0
+    assert first == pytest.approx(0.05 * (expected_step + 1) / 20)
+    # The offset is state: a run stopped at step 4 and resumed ends like one that
+    # was not stopped.
+    assert train(session(dataset, **flags))["steps_this_run"] == 8
+    offset = Checkpoint(tmp_path / "today").dense()["trainer/schedule_offset"]
+    assert int(offset) == expected_step
+    halves = {**flags, "save_checkpoint_path": str(tmp_path / "halves"), "resume": True}
+    train(session(dataset, **{**halves, "max_steps": 4}))
+    assert train(session(dataset, **halves))["steps_this_run"] == 4
+    assert_identical(
+        Checkpoint(tmp_path / "halves" / "step_000000008"),
+        Checkpoint(tmp_path / "today" / "step_000000008"),
+    )

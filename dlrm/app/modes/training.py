@@ -251,7 +251,7 @@ class TrainingLoop:
             self.loss = float(collectives.allreduce_sum([loss], ["loss"])[0].numpy())
             self.trainer.check_finite()
         if self.report.due(self.step):
-            rate = float(self.trainer.learning_rate(tf.constant(self.step - 1, tf.int64)))
+            rate = float(self.trainer.learning_rate_at(tf.constant(self.step - 1, tf.int64)))
             self.report.progress(self.step, epoch, self.loss, rate)
         return stopped, timed
 

@@ -46,6 +46,9 @@ DEFAULT_GLOBAL_BATCH_SIZE = 65536
 class PlanError(ValueError):
     """A table or the model does not fit, or a plan is invalid for this run."""
 
+    # True when the ranks agreed on it through a collective (dlrm.distributed.launcher).
+    same_on_every_rank = False
+
 
 def format_bytes(count: float) -> str:
     """`1536` -> `'1.5 KiB'` (binary units)."""
