@@ -6,6 +6,7 @@ Pure numpy (no TensorFlow), so generators, tests and preprocessing checks share 
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import NamedTuple
@@ -49,8 +50,42 @@ class BinaryFile:
     def row_bytes(self) -> int:
         return int(self.dtype.itemsize * int(np.prod(self.row_shape, dtype=np.int64)))
 
+    def read_rows(self, start: int, count: int) -> np.ndarray:
+        """Rows [start, start + count) of the file, fewer past its end, as a new
+        array read with positioned reads: a file that shrank since it was opened
+        (a copy still in progress, a full disk) is a DatasetError naming it, where
+        a memory map would kill the process with SIGBUS."""
+        stop = min(start + count, self.rows)
+        out = np.empty((max(stop - start, 0), *self.row_shape), self.dtype)
+        if out.size == 0:
+            return out
+        buffer, offset = memoryview(out.data).cast("B"), start * self.row_bytes
+        try:
+            handle = os.open(self.path, os.O_RDONLY)
+        except OSError as error:
+            raise DatasetError(f"{self.path}: cannot read data file: {error.strerror}") from error
+        try:
+            done = 0
+            while done < len(buffer):
+                got = os.preadv(handle, [buffer[done:]], offset + done)
+                if got == 0:
+                    raise self._shrank(offset + done)
+                done += got
+        finally:
+            os.close(handle)
+        return out
+
+    def _shrank(self, end: int) -> DatasetError:
+        expected = self.rows * self.row_bytes
+        return DatasetError(
+            f"{self.path}: the file ends at byte {end:,}, expected {expected:,} bytes "
+            f"({self.rows:,} rows of {self.row_bytes} bytes, as when it was opened): it "
+            "shrank while it was being read (a copy still in progress, or a full disk?)"
+        )
+
     def memmap(self) -> np.ndarray:
-        """The whole file as a read-only array `[rows, *row_shape]` (no copy)."""
+        """The whole file as a read-only array `[rows, *row_shape]` (no copy), for
+        scans before training; training reads with `read_rows`."""
         if self.rows == 0:
             return np.zeros((0, *self.row_shape), dtype=self.dtype)
         return np.memmap(self.path, dtype=self.dtype, mode="r", shape=(self.rows, *self.row_shape))

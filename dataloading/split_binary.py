@@ -33,6 +33,7 @@ import tensorflow as tf
 
 from dataloading.errors import DatasetError
 from dataloading.files import (
+    BinaryFile,
     RaggedIds,
     SplitBinaryFiles,
     check_id_rows,
@@ -115,8 +116,10 @@ class ShardSpec:
 class SplitBinaryDataset:
     """Reads one mapping ("train", "test") of a split-binary dataset in batches.
 
-    Whole batches are read as raw bytes from memory-mapped files (page cache),
-    converted with vectorised numpy/TensorFlow ops and prefetched.
+    Whole batches are read as raw bytes with positioned reads (page cache), never
+    through memory maps (a file that shrinks while it is read is then an error
+    naming it, not a SIGBUS), converted with vectorised numpy/TensorFlow ops and
+    prefetched.
 
     Args:
         spec: the dataset's FeatureSpec.
@@ -168,7 +171,6 @@ class SplitBinaryDataset:
         # Of the whole dataset, not of the tables read: every rank must agree
         # (ids cross the alltoall under data-parallel input).
         self.id_dtype = ids_dtype(f.dtype for f in categorical)
-        self._maps: dict[str, np.ndarray] | None = None
 
     # ------------------------------------------------------------------ sizes
 
@@ -189,18 +191,6 @@ class SplitBinaryDataset:
 
     # ------------------------------------------------------------ numpy reads
 
-    def _memmaps(self) -> dict[str, np.ndarray]:
-        if self._maps is None:
-            maps = {"label": self.files.label.memmap()}
-            if self.files.numerical is not None:
-                maps["numerical"] = self.files.numerical.memmap()
-            for feature in self.table_features:
-                maps[feature.name] = self.files.categorical[feature.name].memmap()
-                if feature.is_variable_length:
-                    maps[_offsets_key(feature.name)] = self.files.offsets[feature.name].memmap()
-            self._maps = maps
-        return self._maps
-
     def read_batch(self, index: int) -> Batch:
         """Batch `index` as numpy arrays (the raw dtypes converted as in `Batch`).
 
@@ -212,15 +202,14 @@ class SplitBinaryDataset:
             raise DatasetError(
                 f"batch index: expected 0 <= index < {self.num_batches}, got {index}"
             )
-        maps = self._memmaps()
         shard = self.shard
         global_start = index * shard.global_batch_size
         local_start = global_start + shard.rank * shard.local_batch_size
         local = shard.local_batch_size
-        label = _rows(maps["label"], local_start, local).astype(np.float32).reshape(local, 1)
+        label = _rows(self.files.label, local_start, local).astype(np.float32).reshape(local, 1)
         n_num = len(self.spec.numerical_features)
-        if "numerical" in maps:
-            numerical = _rows(maps["numerical"], local_start, local).astype(np.float32)
+        if self.files.numerical is not None:
+            numerical = _rows(self.files.numerical, local_start, local).astype(np.float32)
         else:
             numerical = np.zeros((local, n_num), np.float32)
         valid = np.clip(self.rows - local_start, 0, local)
@@ -260,17 +249,16 @@ class SplitBinaryDataset:
     def _read_ids(self, feature: Any, start: int, count: int) -> np.ndarray | RaggedIds:
         """Rows [start, start + count) of a table's ids: [count] or [count, h],
         or a variable-length table's `RaggedIds` (rows past the end empty)."""
-        maps = self._memmaps()
+        ids = self.files.categorical[feature.name]
         if not feature.is_variable_length:
-            return _rows(maps[feature.name], start, count)
-        offsets_map = maps[_offsets_key(feature.name)]
-        stop = min(start + count, self.rows)
-        offsets = np.asarray(offsets_map[min(start, self.rows) : stop + 1])
+            return _rows(ids, start, count)
+        first, stop = min(start, self.rows), min(start + count, self.rows)
+        offsets = self.files.offsets[feature.name].read_rows(first, stop + 1 - first)
         if self.check_batch_ids:
             check_offset_rows(offsets, start, self.files.offsets[feature.name])
         lengths = np.zeros(count, np.int64)
         lengths[: len(offsets) - 1] = np.diff(offsets)
-        values = np.asarray(maps[feature.name][offsets[0] : offsets[-1]])
+        values = ids.read_rows(int(offsets[0]), int(offsets[-1] - offsets[0]))
         return RaggedIds(values, lengths)
 
     # ---------------------------------------------------------------- tf.data
@@ -401,21 +389,22 @@ def raise_dataset_errors(elements: Iterable[T]) -> Iterator[T]:
             found = _ERROR_PATTERN.search(error.message)
             if found is None:
                 raise
-            # The TensorFlow error adds only TensorFlow's frames around the message.
-            raise DatasetError(found.group(1)) from None
-        yield element
+            message = found.group(1)
+        else:
+            yield element
+            continue
+        # Raised outside the handler, with the reader gone: TensorFlow's error (only
+        # its frames around the message) would be this one's context, and its
+        # traceback would keep the reader, whose prefetch reads on, alive.
+        del iterator
+        raise DatasetError(message)
 
 
-def _offsets_key(name: str) -> str:
-    return f"{name}/offsets"
-
-
-def _rows(data: np.ndarray, start: int, count: int) -> np.ndarray:
-    """Rows [start, start + count) of `data`, zero-padded past its end."""
-    stop = min(start + count, len(data))
-    part = np.asarray(data[start:stop]) if stop > start else data[:0]
+def _rows(file: BinaryFile, start: int, count: int) -> np.ndarray:
+    """Rows [start, start + count) of `file`, zero-padded past its end."""
+    part = file.read_rows(start, count)
     if len(part) == count:
         return part
-    out = np.zeros((count, *data.shape[1:]), dtype=data.dtype)
+    out = np.zeros((count, *file.row_shape), dtype=file.dtype)
     out[: len(part)] = part
     return out
