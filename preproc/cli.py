@@ -12,7 +12,7 @@ from preproc.errors import PreprocessingError
 from preproc.lineage import read_parent
 from preproc.pipeline import run_pipeline
 from preproc.report import format_report
-from preproc.spark import LOG_LEVELS, SparkSettings, parse_conf_items, start_spark
+from preproc.spark import LOG_LEVELS, SPARK_UI, SparkSettings, parse_conf_items, start_spark
 
 
 def add_output_flags(parser: argparse.ArgumentParser) -> None:
@@ -91,6 +91,13 @@ def add_spark_flags(parser: argparse.ArgumentParser) -> None:
         default="error",
         help="what Spark itself logs to the console (default: errors only)",
     )
+    group.add_argument(
+        "--spark_ui",
+        choices=SPARK_UI,
+        default=SPARK_UI[0],
+        help="the Spark UI: on this machine only (reach it through an ssh tunnel), off, or "
+        "open on every interface; its kill links are off",
+    )
     group.add_argument("--driver_memory", help="spark.driver.memory, e.g. 4g")
     group.add_argument("--executor_memory", help="spark.executor.memory (clusters)")
     group.add_argument("--local_dir", help="spark.local.dir: disk for shuffle and spill files")
@@ -114,6 +121,7 @@ def spark_settings(args: argparse.Namespace) -> SparkSettings:
         gpu_pinned_memory=args.gpu_pinned_memory,
         spark_conf=parse_conf_items(args.spark_conf),
         spark_log_level=args.spark_log_level,
+        spark_ui=args.spark_ui,
     )
 
 

@@ -12,6 +12,7 @@ import dataclasses
 import os
 import re
 import site
+import socket
 import sys
 import threading
 import time
@@ -37,6 +38,8 @@ LOCAL_DRIVER_OPTIONS = f"{JIT_OPTIONS} -XX:+UseParallelGC"
 # The driver's logging configuration (read by log4j2 as the JVM starts) and its levels.
 LOG_CONFIG = Path(__file__).resolve().with_name("log4j2.properties")
 LOG_LEVELS = ("error", "warn", "info", "debug")
+# The Spark UI: on this machine only (the default), off, or on every interface.
+SPARK_UI = ("local", "off", "open")
 # The driver JVM maps Spark's classes from this archive when it exists
 # (`preproc.class_archive`, written by `make install`); CDS's own messages are off:
 # an archive of another JDK or other jars is ignored, without a warning per run.
@@ -75,6 +78,10 @@ class SparkSettings:
         spark_log_level: what the driver's Spark logs to the console (one of
             `LOG_LEVELS`); errors only by default, so that a run prints our
             progress and report, not Spark's launch notices.
+        spark_ui: where the driver's web UI listens (one of `SPARK_UI`): `local`,
+            the loopback interface only (reach it through an ssh tunnel), `off`,
+            or `open`, every interface (Spark's own default). Its links that
+            kill stages are off unless `spark_conf` turns them on.
     """
 
     spark_master: str = "local[*]"
@@ -90,6 +97,7 @@ class SparkSettings:
     spark_conf: tuple[tuple[str, str], ...] = ()
     use_class_archive: bool = True
     spark_log_level: str = "error"
+    spark_ui: str = SPARK_UI[0]
 
     @property
     def is_local(self) -> bool:
@@ -138,6 +146,10 @@ def spark_conf(settings: SparkSettings) -> dict[str, str]:
             f"--spark_log_level: expected one of {', '.join(LOG_LEVELS)}, got "
             f"{settings.spark_log_level!r}"
         )
+    if settings.spark_ui not in SPARK_UI:
+        raise PreprocessingError(
+            f"--spark_ui: expected one of {', '.join(SPARK_UI)}, got {settings.spark_ui!r}"
+        )
     if settings.shuffle_partitions is not None and settings.shuffle_partitions < 1:
         raise PreprocessingError(
             f"--shuffle_partitions: expected a positive int, got {settings.shuffle_partitions}"
@@ -147,6 +159,9 @@ def spark_conf(settings: SparkSettings) -> dict[str, str]:
         "spark.app.name": settings.app_name,
         # Our own progress lines replace Spark's console bar (which garbles logs).
         "spark.ui.showConsoleProgress": "false",
+        # Whoever reaches the UI could kill the job's stages from it.
+        "spark.ui.killEnabled": "false",
+        "spark.ui.enabled": "false" if settings.spark_ui == "off" else "true",
         "spark.sql.adaptive.enabled": "true",
         # The parsed rows have 40+ columns; keeps Spark from warning about plan strings.
         "spark.sql.debug.maxToStringFields": "256",
@@ -261,16 +276,70 @@ def start_spark(settings: SparkSettings, console: Console = print_to_stderr) -> 
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 
     builder = SparkSession.builder
-    for key, value in conf.items():
-        builder = builder.config(key, value)
     start = time.monotonic()
-    spark = builder.getOrCreate()
+    with _ui_environment(settings, conf) as driver:
+        for key, value in {**driver, **conf}.items():
+            builder = builder.config(key, value)
+        spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel(settings.spark_log_level.upper())
     console(
         f"[preproc] Spark {spark.version} started in {time.monotonic() - start:.1f} s "
         f"(master {conf['spark.master']}, parallelism {spark.sparkContext.defaultParallelism})"
     )
+    console(_ui_line(settings, spark.sparkContext.uiWebUrl))
     return spark
+
+
+@contextlib.contextmanager
+def _ui_environment(settings: SparkSettings, conf: dict[str, str]) -> Iterator[dict[str, str]]:
+    """While the driver's JVM starts: with `--spark_ui local`, SPARK_LOCAL_IP is the
+    loopback address, the one setting Spark's UI binds to (it listens on every
+    interface otherwise). In local mode that is all Spark needs to reach; on a
+    cluster the executors must still reach the driver, so unless `--spark_conf`
+    says where, the driver is given the address it would otherwise have had
+    (yielded: settings that `conf` overrides)."""
+    if settings.spark_ui != "local" or "SPARK_LOCAL_IP" in os.environ:
+        yield {}
+        return
+    driver = {}
+    if not settings.is_local and "spark.driver.host" not in conf:
+        address = _routable_address()
+        driver = {"spark.driver.host": address, "spark.driver.bindAddress": address}
+    os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
+    try:
+        yield driver
+    finally:
+        del os.environ["SPARK_LOCAL_IP"]
+
+
+def _routable_address() -> str:
+    """The address Spark gives a driver by default: the host name's, or, when that
+    is a loopback address, the first other one of an interface."""
+    import psutil
+
+    try:
+        address = socket.gethostbyname(socket.gethostname())
+    except OSError:
+        address = "127.0.0.1"
+    if not address.startswith("127."):
+        return address
+    for interface in psutil.net_if_addrs().values():
+        for entry in interface:
+            if entry.family == socket.AF_INET and not entry.address.startswith("127."):
+                return str(entry.address)
+    return address
+
+
+def _ui_line(settings: SparkSettings, url: str | None) -> str:
+    if url is None or settings.spark_ui == "off":
+        return "[preproc] Spark UI off (--spark_ui local or open turns it on)"
+    if settings.spark_ui == "open":
+        return f"[preproc] Spark UI at {url}, on every interface (--spark_ui open)"
+    port = url.rsplit(":", 1)[-1]
+    return (
+        f"[preproc] Spark UI at http://127.0.0.1:{port}, this machine only; from yours: "
+        f"ssh -L {port}:127.0.0.1:{port} {socket.gethostname()}, then http://localhost:{port}"
+    )
 
 
 @contextlib.contextmanager

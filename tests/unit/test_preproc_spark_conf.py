@@ -178,3 +178,12 @@ def test_installed_code_puts_nothing_on_the_workers_path() -> None:
     site_packages = Path(site.getsitepackages()[0])
     assert worker_pythonpath(site_packages) is None
     assert worker_pythonpath(Path("/srv/checkout")) == "/srv/checkout"
+
+
+@pytest.mark.parametrize(("ui", "enabled"), [("local", "true"), ("open", "true"), ("off", "false")])
+def test_the_spark_ui_has_no_kill_links_and_can_be_turned_off(ui: str, enabled: str) -> None:
+    conf = spark_conf(SparkSettings(spark_ui=ui))
+    assert conf["spark.ui.killEnabled"] == "false"
+    assert conf["spark.ui.enabled"] == enabled
+    with pytest.raises(PreprocessingError, match=r"--spark_ui: expected one of local, off, open"):
+        spark_conf(SparkSettings(spark_ui="public"))
