@@ -88,18 +88,19 @@ def main(argv: list[str]) -> int:
         _error(str(error), launch.same_on_every_rank(error))
         return 3
     if summary.get("preempted"):
-        checkpoint = summary.get("checkpoint")
-        _error(
-            f"stopped at step {summary['steps']} by a preemption signal; "
-            + (
-                f"checkpoint {checkpoint}: the same command with --resume continues it"
-                if checkpoint
-                else "no checkpoint written (no --save_checkpoint_path)"
-            ),
-            True,
-        )
+        _error(preempted_message(summary), True)
         return EXIT_PREEMPTED
     return 0
+
+
+def preempted_message(summary: dict[str, object]) -> str:
+    """What a run stopped by a preemption signal says, from its summary."""
+    checkpoint = summary.get("checkpoint")
+    return f"stopped at step {summary['steps']} by a preemption signal; " + (
+        f"checkpoint {checkpoint}: the same command with --resume continues it"
+        if checkpoint
+        else "no checkpoint written (no --save_checkpoint_path)"
+    )
 
 
 def console_main() -> None:
