@@ -74,19 +74,25 @@ def plan_for(
         return dataclasses.replace(plan, global_batch_size=config.batch_size)
     slots = len(optimizer_spec(config.optimizer).slot_names)
     budget = config.embedding_memory_budget_gib
-    return plan_sharding(
-        tables,
-        PlannerConfig(
-            world_size=world_size,
-            memory_budget_bytes=int(budget * 2**30) if budget > 0 else None,
-            data_parallel_threshold=config.data_parallel_threshold,
-            column_slice_threshold=config.column_slice_threshold,
-            row_slice_threshold=config.row_slice_threshold,
-            strategy=config.sharding_strategy,
-            optimizer_slots=slots if config.mode == "train" else 0,
-            global_batch_size=config.batch_size,
-        ),
+    planner = PlannerConfig(
+        world_size=world_size,
+        memory_budget_bytes=int(budget * 2**30) if budget > 0 else None,
+        data_parallel_threshold=config.data_parallel_threshold,
+        column_slice_threshold=config.column_slice_threshold,
+        row_slice_threshold=config.row_slice_threshold,
+        strategy=config.sharding_strategy,
+        optimizer_slots=slots if config.mode == "train" else 0,
+        global_batch_size=config.batch_size,
     )
+    try:
+        return plan_sharding(tables, planner)
+    except PlanError as error:
+        if planner.memory_budget_bytes is None:
+            raise
+        raise PlanError(
+            f"{error} (the budget: --embedding_memory_budget_gib {budget:g} on each of "
+            f"{world_size} ranks; more ranks, a larger budget or smaller tables fit)"
+        ) from error
 
 
 # Flags that may differ between ranks: paths of inputs each node may mount

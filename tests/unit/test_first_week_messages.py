@@ -16,18 +16,18 @@ import pytest
 from dataloading.errors import DatasetError
 from dataloading.split_binary import ShardSpec, SplitBinaryDataset
 from dataloading.synthetic import generate_split_binary
-from dlrm.app.assembly import assemble_run
+from dlrm.app.assembly import assemble_run, model_config_for
 from dlrm.app.cli import preempted_message
 from dlrm.app.config import ConfigError, RunConfig, check_world_size
 from dlrm.app.modes.training import NothingToTrainError, train
 from dlrm.app.reporting import MetricsLog
+from dlrm.app.sharding import plan_for
 from dlrm.checkpoint.format import CheckpointError
 from dlrm.checkpoint.model_state import check_model_matches
 from dlrm.checkpoint.reader import Checkpoint
 from dlrm.distributed.agreement import RankMismatchError, check_ranks_agree
 from dlrm.distributed.collectives import Collectives
-from dlrm.embedding.planner.placement import PlannerConfig, plan_sharding
-from dlrm.embedding.planner.types import PlanError, TableSpec
+from dlrm.embedding.planner.types import PlanError
 from dlrm.train.precision import Precision, bfloat16_note
 from dlrm.train.trainer import NonFiniteLossError
 from feature_spec import FeatureSpec
@@ -86,7 +86,8 @@ def messages(dataset: Path, tmp_path: Path) -> list[str]:
     resumed = config(dataset, save_checkpoint_path=str(yesterday), resume=True, max_steps=6)
     train(assemble_run(resumed, finished))
     other_model = {**Checkpoint(yesterday).manifest["model"], "bottom_mlp_dims": [9, 4]}
-    ids_file = FeatureSpec.load(dataset).files("train").categorical["cat_0"]
+    spec = FeatureSpec.load(dataset)
+    ids_file = spec.files("train").categorical["cat_0"]
     bad_ids = tmp_path / "bad.bin"
     bad_ids.write_bytes(ids_file.read_bytes())
     return [
@@ -103,8 +104,11 @@ def messages(dataset: Path, tmp_path: Path) -> list[str]:
         out_of_range_ids(dataset, tmp_path),
         shrunk_file(dataset, tmp_path),
         message_of(
-            lambda: plan_sharding(
-                [TableSpec(10**7, 128)], PlannerConfig(world_size=2, memory_budget_bytes=2**20)
+            lambda: plan_for(
+                config(dataset, embedding_memory_budget_gib=1e-7),
+                model_config_for(spec, config(dataset)),
+                spec,
+                2,
             ),
             PlanError,
         ),
