@@ -77,7 +77,13 @@ class Day:
             *TRAIN_FLAGS,
         ]
         if warm_from is not None:
-            command += [f"--restore_checkpoint_path={warm_from}", "--warm_start"]
+            # Yesterday's weights, optimizer state and place in the learning-rate
+            # schedule (the default, said here for the reader).
+            command += [
+                f"--restore_checkpoint_path={warm_from}",
+                "--warm_start",
+                "--schedule_from=checkpoint",
+            ]
         if self.args.ranks > 1:
             hosts = f"localhost:{self.args.ranks}"
             command = ["horovodrun", "--gloo", "-np", str(self.args.ranks), "-H", hosts, *command]
