@@ -128,13 +128,8 @@ def worker_pythonpath(code_root: Path = CODE_ROOT) -> str | None:
     return None if code_root.resolve() in installed else str(code_root)
 
 
-def spark_conf(settings: SparkSettings) -> dict[str, str]:
-    """The Spark configuration for `settings`.
-
-    Raises:
-        PreprocessingError: naming the flag whose value is invalid, e.g. `--gpu`
-            without `--rapids_jar`.
-    """
+def _check_settings(settings: SparkSettings) -> None:
+    """Raises PreprocessingError naming the first flag whose value is invalid."""
     if not settings.spark_master:
         raise PreprocessingError("--spark_master: expected a Spark master URL, got ''")
     for flag in ("driver_memory", "executor_memory", "gpu_pinned_memory"):
@@ -154,6 +149,16 @@ def spark_conf(settings: SparkSettings) -> dict[str, str]:
         raise PreprocessingError(
             f"--shuffle_partitions: expected a positive int, got {settings.shuffle_partitions}"
         )
+
+
+def spark_conf(settings: SparkSettings) -> dict[str, str]:
+    """The Spark configuration for `settings`.
+
+    Raises:
+        PreprocessingError: naming the flag whose value is invalid, e.g. `--gpu`
+            without `--rapids_jar`.
+    """
+    _check_settings(settings)
     conf = {
         "spark.master": settings.spark_master,
         "spark.app.name": settings.app_name,
