@@ -27,10 +27,7 @@ import argparse
 import json
 import math
 import resource
-import shutil
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -39,6 +36,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script 
 
 import numpy as np
 
+from benchmarks.harness import (
+    add_output_flags,
+    last_json_line,
+    parser_for,
+    run_checked,
+    save,
+    work_directory,
+)
 from dlrm.checkpoint.reader import Checkpoint
 from dlrm.checkpoint.writer import CheckpointWriter
 from dlrm.embedding.shard import ShardingKind, TableShard
@@ -101,7 +106,7 @@ def restore(
     start = time.perf_counter()
     checkpoint = Checkpoint(path)
     opened = time.perf_counter()
-    checkpoint.restore_table_slice(0, rows, columns, assign, chunk_bytes=chunk_bytes)
+    checkpoint.restore_table_slice(0, rows, columns, assign, block_bytes=chunk_bytes)
     restored = time.perf_counter()
     peak = peak_resident_bytes()
 
@@ -141,14 +146,41 @@ def restore(
 def run_child(job: dict[str, Any]) -> dict[str, Any]:
     """Runs `job` in a fresh process of this script. Writing happens in a child
     too: ru_maxrss survives fork and exec, so the parent stays small."""
-    completed = subprocess.run(
-        [sys.executable, __file__, "--job", json.dumps(job)],
-        check=True,
-        capture_output=True,
-        text=True,
-    )
-    result: dict[str, Any] = json.loads(completed.stdout.strip().splitlines()[-1])
-    return result
+    return last_json_line(run_checked([sys.executable, __file__, "--job", json.dumps(job)]))
+
+
+def child_job(job: dict[str, Any]) -> dict[str, Any]:
+    """What a child process does: write the checkpoint, or restore a slice of it."""
+    if job["task"] == "write":
+        path, seconds = write_checkpoint(Path(job["root"]), job["rows"], Path(job["work"]))
+        return {"path": str(path), "seconds": seconds}
+    rows, columns = tuple(job["rows"]), tuple(job["columns"])
+    return restore(Path(job["path"]), rows, columns, job["chunk"])
+
+
+def measure(work: Path, rows: int, chunk_bytes: int) -> dict[str, Any]:
+    """Writes the checkpoint, then restores each scenario's slice, each in a child."""
+    print(f"writing a [{rows}, {DIM}] float32 table as 2 column shards under {work}")
+    job = {"task": "write", "root": str(work / "checkpoints"), "rows": rows, "work": str(work)}
+    written = run_child(job)
+    path = Path(written["path"])
+    scenarios = {
+        "row_wise_3": ((0, math.ceil(rows / 3)), (0, DIM)),
+        "column_wise_2": ((0, rows), (0, DIM // 2)),
+    }
+    return {
+        "table_shape": [rows, DIM],
+        "checkpoint_bytes": sum(f.stat().st_size for f in path.rglob("*") if f.is_file()),
+        "write_seconds": written["seconds"],
+        "chunk_bytes": chunk_bytes,
+        "scenarios": {
+            name: run_child(
+                {"task": "restore", "path": str(path), "rows": slice_rows}
+                | {"columns": slice_columns, "chunk": chunk_bytes}
+            )
+            for name, (slice_rows, slice_columns) in scenarios.items()
+        },
+    }
 
 
 def gib(count: float) -> str:
@@ -159,98 +191,56 @@ def mib(count: float) -> str:
     return f"{count / 2**20:.0f} MiB"
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--gib", type=float, default=2.0, help="table size in GiB (float32)")
-    parser.add_argument("--dir", type=Path, help="where to write (default: a temporary directory)")
-    parser.add_argument("--chunk_mib", type=float, default=64.0, help="restore chunk size")
-    parser.add_argument("--json", type=Path, help="also write the figures here")
-    parser.add_argument("--job", help=argparse.SUPPRESS)  # what a child process does
-    args = parser.parse_args()
+# The table's lines: a label and each scenario's cell.
+LINES = [
+    ("rank 0 holds", lambda r: "rows [{}, {}) x cols [{}, {})".format(*r["rows"], *r["columns"])),
+    ("target array", lambda r: gib(r["target_bytes"])),
+    ("shard files read", lambda r: f"{len(r['files_read'])} of 2"),
+    ("bytes verified by the rank", lambda r: gib(r["bytes_verified_by_rank"])),
+    ("RSS after allocating target", lambda r: gib(r["rss_after_allocating_target_bytes"])),
+    ("peak RSS before restoring", lambda r: gib(r["peak_rss_after_allocating_target_bytes"])),
+    ("peak RSS (ru_maxrss)", lambda r: gib(r["peak_rss_bytes"])),
+    ("peak RSS increase", lambda r: mib(r["peak_rss_increase_bytes"])),
+    ("open (manifest only)", lambda r: f"{1000 * r['open_seconds']:.1f} ms"),
+    ("open + restore (verifies)", lambda r: f"{r['open_and_restore_seconds']:.2f} s"),
+    ("verify the rank's files", lambda r: f"{r['verify_rank_files_seconds']:.2f} s"),
+    ("verify() every file", lambda r: f"{r['verify_all_files_seconds']:.2f} s"),
+]
 
-    if args.job:
-        job = json.loads(args.job)
-        if job["task"] == "write":
-            path, seconds = write_checkpoint(Path(job["root"]), job["rows"], Path(job["work"]))
-            result = {"path": str(path), "seconds": seconds}
-        else:
-            rows, columns = tuple(job["rows"]), tuple(job["columns"])
-            result = restore(Path(job["path"]), rows, columns, job["chunk"])
-        print(json.dumps(result))
-        return
 
-    rows = math.ceil(args.gib * 2**30 / (DIM * 4))
-    chunk_bytes = int(args.chunk_mib * 2**20)
-    parent = args.dir or Path(tempfile.gettempdir())
-    parent.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix="dlrm_checkpoint_benchmark_", dir=parent))
-    try:
-        print(f"writing a [{rows}, {DIM}] float32 table as 2 column shards under {work}")
-        job = {"task": "write", "root": str(work / "checkpoints"), "rows": rows, "work": str(work)}
-        written = run_child(job)
-        path, write_seconds = Path(written["path"]), written["seconds"]
-        checkpoint_bytes = sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
-        scenarios = {
-            "row_wise_3": ((0, math.ceil(rows / 3)), (0, DIM)),
-            "column_wise_2": ((0, rows), (0, DIM // 2)),
-        }
-        results = {
-            name: run_child(
-                {
-                    "task": "restore",
-                    "path": str(path),
-                    "rows": slice_rows,
-                    "columns": slice_columns,
-                    "chunk": chunk_bytes,
-                }
-            )
-            for name, (slice_rows, slice_columns) in scenarios.items()
-        }
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-
+def print_figures(figures: dict[str, Any]) -> None:
+    rows, _ = figures["table_shape"]
     print(
-        f"checkpoint: {gib(checkpoint_bytes)} (table [{rows}, {DIM}] float32, 2 column shards), "
-        f"written in {write_seconds:.1f} s with checksums; restore chunk {mib(chunk_bytes)}"
+        f"checkpoint: {gib(figures['checkpoint_bytes'])} (table [{rows}, {DIM}] float32, 2 "
+        f"column shards), written in {figures['write_seconds']:.1f} s with checksums; "
+        f"restore chunk {mib(figures['chunk_bytes'])}"
     )
-    lines = [
-        (
-            "rank 0 holds",
-            lambda r: "rows [{}, {}) x cols [{}, {})".format(*r["rows"], *r["columns"]),
-        ),
-        ("target array", lambda r: gib(r["target_bytes"])),
-        ("shard files read", lambda r: f"{len(r['files_read'])} of 2"),
-        ("bytes verified by the rank", lambda r: gib(r["bytes_verified_by_rank"])),
-        ("RSS after allocating target", lambda r: gib(r["rss_after_allocating_target_bytes"])),
-        ("peak RSS before restoring", lambda r: gib(r["peak_rss_after_allocating_target_bytes"])),
-        ("peak RSS (ru_maxrss)", lambda r: gib(r["peak_rss_bytes"])),
-        ("peak RSS increase", lambda r: mib(r["peak_rss_increase_bytes"])),
-        ("open (manifest only)", lambda r: f"{1000 * r['open_seconds']:.1f} ms"),
-        ("open + restore (verifies)", lambda r: f"{r['open_and_restore_seconds']:.2f} s"),
-        ("verify the rank's files", lambda r: f"{r['verify_rank_files_seconds']:.2f} s"),
-        ("verify() every file", lambda r: f"{r['verify_all_files_seconds']:.2f} s"),
-    ]
+    results = figures["scenarios"]
     names = list(results)
-    width = max(len(label) for label, _ in lines)
-    widths = [max(len(name), *(len(fmt(results[name])) for _, fmt in lines)) for name in names]
+    width = max(len(label) for label, _ in LINES)
+    widths = [max(len(name), *(len(fmt(results[name])) for _, fmt in LINES)) for name in names]
     print(f"{'':{width}}  " + "  ".join(f"{n:>{w}}" for n, w in zip(names, widths, strict=True)))
-    for label, fmt in lines:
+    for label, fmt in LINES:
         cells = [f"{fmt(results[n]):>{w}}" for n, w in zip(names, widths, strict=True)]
         print(f"{label:{width}}  " + "  ".join(cells))
+
+
+def main() -> None:
+    parser = parser_for(__doc__)
+    parser.add_argument("--gib", type=float, default=2.0, help="table size in GiB (float32)")
+    parser.add_argument("--chunk_mib", type=float, default=64.0, help="restore chunk size")
+    add_output_flags(parser)
+    parser.add_argument("--job", help=argparse.SUPPRESS)  # what a child process does
+    args = parser.parse_args()
+    if args.job:
+        print(json.dumps(child_job(json.loads(args.job))))
+        return
+    rows = math.ceil(args.gib * 2**30 / (DIM * 4))
+    with work_directory("dlrm_checkpoint_benchmark_", args.dir) as work:
+        figures = measure(work, rows, int(args.chunk_mib * 2**20))
+    print_figures(figures)
     if args.json:
-        args.json.write_text(
-            json.dumps(
-                {
-                    "table_shape": [rows, DIM],
-                    "checkpoint_bytes": checkpoint_bytes,
-                    "write_seconds": write_seconds,
-                    "chunk_bytes": chunk_bytes,
-                    "scenarios": results,
-                },
-                indent=1,
-            )
-            + "\n"
-        )
+        save(figures, args.json, indent=1)
 
 
 if __name__ == "__main__":

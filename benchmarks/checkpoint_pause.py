@@ -15,59 +15,54 @@ under --dir (default: the system's temporary directory), deleted at the end.
 
 from __future__ import annotations
 
-import argparse
 import itertools
-import json
-import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # run as a script from anywhere
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
-TABLES = 26
+from benchmarks.harness import (
+    REPO,
+    TABLES,
+    add_output_flags,
+    child_env,
+    parser_for,
+    save,
+    work_directory,
+)
+from dataloading.synthetic import generate_split_binary
+from dlrm.app.records import read_records
+from tests.harness.processes import main_py_command
+
 DIM = 128
 BATCH = 8192
 GIB = 1 << 30
 
 
 def measure(gib: float, ranks: int, steps: int, every: int, work: Path) -> dict[str, Any]:
-    from dataloading.synthetic import generate_split_binary
-
+    """Trains with a checkpoint every `every` steps; the figures of its metrics log."""
     rows_per_table = int(gib * GIB / (TABLES * DIM * 4))
     dataset, run = work / "data", work / "run"
     print(f"generating {TABLES} tables of {rows_per_table:,} rows ...", flush=True)
-    generate_split_binary(
-        dataset,
-        cardinalities=[rows_per_table] * TABLES,
-        rows={"train": BATCH * (steps + 1), "test": BATCH},
-        seed=0,
-    )
-    command = [sys.executable, str(ROOT / "main.py")]
-    if ranks > 1:
-        horovodrun = str(Path(sys.executable).parent / "horovodrun")
-        command = [horovodrun, "--gloo", "-np", str(ranks), "-H", f"localhost:{ranks}", *command]
-    flags = [
-        f"--dataset_path={dataset}",
-        f"--save_checkpoint_path={run}",
-        f"--batch_size={BATCH}",
-        f"--max_steps={steps}",
-        f"--checkpoint_every_steps={every}",
-        "--keep_checkpoints=1",
-        "--evals_per_epoch=0",
-        "--print_freq=1",
-        "--optimizer=sgd",
-    ]
+    rows = {"train": BATCH * (steps + 1), "test": BATCH}
+    generate_split_binary(dataset, [rows_per_table] * TABLES, rows=rows, seed=0)
+    flags = [f"--dataset_path={dataset}", f"--save_checkpoint_path={run}"]
+    flags += [f"--batch_size={BATCH}", f"--max_steps={steps}", f"--checkpoint_every_steps={every}"]
+    flags += ["--keep_checkpoints=1", "--evals_per_epoch=0", "--print_freq=1", "--optimizer=sgd"]
     print(f"training {steps} steps, a checkpoint every {every} ...", flush=True)
-    subprocess.run([*command, *flags], check=True, cwd=ROOT)
-    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    checkpoints = [r for r in records if r["event"] == "checkpoint"]
+    subprocess.run(main_py_command(ranks, *flags), check=True, cwd=REPO, env=child_env())
+    size = sum(f.stat().st_size for f in run.glob("step_*/**/*") if f.is_file())
+    return {"ranks": ranks} | pauses(run / "metrics.jsonl", size)
+
+
+def pauses(log: Path, size: int) -> dict[str, Any]:
+    """The checkpoints' pauses in the metrics log at `log`, against its step time."""
+    checkpoints = read_records(log, "checkpoint")
     saved = {r["step"] for r in checkpoints}
-    train = [r for r in records if r["event"] == "train"]
+    train = read_records(log, "train")
     # A step's time from consecutive progress records; the first steps compile, and
     # an interval that holds a checkpoint is not a step's.
     step_times = [
@@ -75,11 +70,9 @@ def measure(gib: float, ranks: int, steps: int, every: int, work: Path) -> dict[
         for a, b in itertools.pairwise(train)
         if a["step"] >= 3 and a["step"] not in saved
     ]
-    size = sum(f.stat().st_size for f in run.glob("step_*/**/*") if f.is_file())
     pauses = [r["seconds"] for r in checkpoints[:-1]]  # the last one is the run's end
     pause = statistics.median(pauses)
     return {
-        "ranks": ranks,
         "checkpoint_gib": size / GIB,
         "checkpoint_seconds": pauses,
         "median_pause_s": pause,
@@ -93,21 +86,17 @@ def measure(gib: float, ranks: int, steps: int, every: int, work: Path) -> dict[
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = parser_for(__doc__)
     parser.add_argument("--gib", type=float, default=2.0, help="the tables' size (default 2)")
     parser.add_argument("--ranks", type=int, default=1)
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--every", type=int, default=10, help="steps between checkpoints")
-    parser.add_argument("--dir", type=Path, default=None, help="where to write (default: tmp)")
-    parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
+    add_output_flags(parser)
     args = parser.parse_args()
     if args.steps < 2 * args.every:
         parser.error("--steps: expected at least two checkpoints' worth (2 x --every)")
-    work = Path(tempfile.mkdtemp(prefix="checkpoint_pause.", dir=args.dir))
-    try:
+    with work_directory("checkpoint_pause.", args.dir) as work:
         figures = measure(args.gib, args.ranks, args.steps, args.every, work)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
     print(
         f"checkpoint {figures['checkpoint_gib']:.2f} GiB on {figures['ranks']} rank(s): "
         f"pause {figures['median_pause_s']:.1f} s ({figures['gib_per_s']:.2f} GiB/s), "
@@ -117,7 +106,7 @@ def main() -> int:
         flush=True,
     )
     if args.json:
-        args.json.write_text(json.dumps(figures, indent=2) + "\n")
+        save(figures, args.json)
     return 0
 
 

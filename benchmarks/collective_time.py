@@ -16,10 +16,10 @@ Three figures per step, from two records that the step writes anyway:
   meanwhile. With the vectors' exchange in chunks most of it runs beside
   compute, so it is much larger than the exposed time.
 
-An earlier version timed each collective with `tf.timestamp()` ops around it in
-the compiled step. Those ops had to wait for all of a collective's inputs, so
-they made every gradient's allreduce wait for the last gradient, and they
-counted time the rank spent computing while a collective was in flight.
+No `tf.timestamp()` ops around each collective in the compiled step time it:
+they would wait for all of the collective's inputs, making every gradient's
+allreduce wait for the last gradient, and would count time the rank spends
+computing while a collective is in flight.
 """
 
 from __future__ import annotations
@@ -32,12 +32,9 @@ from typing import Any
 STEP_FUNCTION = "_train_step_eager"
 
 
-def idle_seconds(trace_dir: Path, step_function: str = STEP_FUNCTION) -> tuple[float, float, int]:
-    """(seconds without any op running, seconds, steps) summed over the runs of
-    `step_function` in the newest profiler trace under `trace_dir`.
-
-    Ops are what TensorFlow's executor threads ran (the trace's `tf_Compute`
-    lines; executor bookkeeping, named with "::", is not an op)."""
+def newest_trace(trace_dir: Path) -> tuple[Path, Any]:
+    """The newest TensorFlow profiler trace under `trace_dir`: its file, and its
+    `XSpace` (planes of lines of timed events)."""
     from tensorflow.tsl.profiler.protobuf import xplane_pb2
 
     files = sorted(trace_dir.rglob("*.xplane.pb"))
@@ -45,6 +42,16 @@ def idle_seconds(trace_dir: Path, step_function: str = STEP_FUNCTION) -> tuple[f
         raise RuntimeError(f"{trace_dir}: the profiler wrote no trace")
     space = xplane_pb2.XSpace()
     space.ParseFromString(files[-1].read_bytes())
+    return files[-1], space
+
+
+def idle_seconds(trace_dir: Path, step_function: str = STEP_FUNCTION) -> tuple[float, float, int]:
+    """(seconds without any op running, seconds, steps) summed over the runs of
+    `step_function` in the newest profiler trace under `trace_dir`.
+
+    Ops are what TensorFlow's executor threads ran (the trace's `tf_Compute`
+    lines; executor bookkeeping, named with "::", is not an op)."""
+    path, space = newest_trace(trace_dir)
     steps: list[tuple[float, float]] = []
     ops: list[tuple[float, float]] = []
     for plane in space.planes:
@@ -59,7 +66,7 @@ def idle_seconds(trace_dir: Path, step_function: str = STEP_FUNCTION) -> tuple[f
                 elif not compute and name == step_function:  # tf.function's call, traced
                     steps.append(span)
     if not steps:
-        raise RuntimeError(f"{files[-1]}: no run of {step_function!r} in the trace")
+        raise RuntimeError(f"{path}: no run of {step_function!r} in the trace")
     ops.sort()
     idle = total = 0.0
     for step_start, step_end in steps:

@@ -20,29 +20,30 @@ cores at batch 65536 (`docs/performance.md#targets`).
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
-import subprocess
 import sys
-import tempfile
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # run as a script from anywhere
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-from benchmarks.suite import (  # noqa: E402 (after the path)
+from benchmarks.harness import (
+    REPO,
     VARIANTS,
-    child_env,
     default_dataset,
+    integers,
     mflop_per_sample,
     on_cpus,
+    parser_for,
+    run_checked,
     save,
     train_ours,
     train_plain,
+    variants,
+    work_directory,
 )
 
 
@@ -66,15 +67,6 @@ def cores_in_order(
     return [cpu for _, cpu in sorted(order)]
 
 
-def peaks_on(cpus: Sequence[int]) -> dict[str, Any]:
-    """`benchmarks/targets.py`'s matmul peaks measured on `cpus` alone."""
-    command = on_cpus(cpus, [sys.executable, str(ROOT / "benchmarks" / "targets.py")])
-    done = subprocess.run(command, capture_output=True, text=True, env=child_env(), cwd=ROOT)
-    if done.returncode != 0:
-        raise RuntimeError(f"{' '.join(command[-2:])} failed:\n{done.stderr[-3000:]}")
-    return json.loads(done.stdout)
-
-
 def speedups(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per batch and variant: samples/s on the most cores over that on the fewest."""
     result = []
@@ -84,16 +76,10 @@ def speedups(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             key=lambda r: r["cores"],
         )
         if len(same) > 1:
-            low, high = same[0], same[-1]
-            result.append(
-                {
-                    "batch_size": batch,
-                    "variant": variant,
-                    "cores": [low["cores"], high["cores"]],
-                    "speedup": high["ours"]["samples_per_second"]
-                    / low["ours"]["samples_per_second"],
-                }
-            )
+            low, high = same[0]["ours"], same[-1]["ours"]
+            row = {"batch_size": batch, "variant": variant}
+            row["cores"] = [same[0]["cores"], same[-1]["cores"]]
+            result.append(row | {"speedup": high["samples_per_second"] / low["samples_per_second"]})
     return result
 
 
@@ -120,13 +106,7 @@ def measure(
         "rows": [],
     }
     for count, cpus in sets.items():
-        print(f"matmul peak on {count} cores ...", flush=True)
-        results["peaks"][str(count)] = peaks = peaks_on(cpus)
-        print(
-            f"  float32 {peaks['float32']['peak']:.0f}, bfloat16 "
-            f"{peaks['bfloat16']['peak']:.0f} GFLOP/s",
-            flush=True,
-        )
+        results["peaks"][str(count)] = measure_peaks(count, cpus)
         if output:
             save(results, output)
     for batch in batches:
@@ -149,59 +129,57 @@ def measure(
                 results["speedups"] = speedups(results["rows"])
                 if output:
                     save(results, output)
-    for entry in results.get("speedups", []):
+    print_speedups(results.get("speedups", []))
+    return results
+
+
+def measure_peaks(count: int, cpus: Sequence[int]) -> dict[str, Any]:
+    """`benchmarks/targets.py`'s matmul peaks measured on `cpus` alone."""
+    print(f"matmul peak on {count} cores ...", flush=True)
+    command = [sys.executable, str(REPO / "benchmarks" / "targets.py")]
+    peaks = json.loads(run_checked(on_cpus(cpus, command)))
+    print(
+        f"  float32 {peaks['float32']['peak']:.0f}, bfloat16 "
+        f"{peaks['bfloat16']['peak']:.0f} GFLOP/s",
+        flush=True,
+    )
+    return peaks
+
+
+def print_speedups(entries: list[dict[str, Any]]) -> None:
+    for entry in entries:
         low, high = entry["cores"]
         print(
             f"{entry['variant']} batch {entry['batch_size']}: {high} cores "
             f"{entry['speedup']:.2f}x {low} cores",
             flush=True,
         )
-    return results
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--cores", default="2,16", help="core counts, comma-separated")
-    parser.add_argument("--batch_sizes", default="65536", help="comma-separated")
-    parser.add_argument("--variants", default="fp32,amp", help=f"some of {','.join(VARIANTS)}")
+    parser = parser_for(__doc__)
+    parser.add_argument("--cores", type=integers, default="2,16", help="core counts")
+    parser.add_argument("--batch_sizes", type=integers, default="65536", help="comma-separated")
+    parser.add_argument(
+        "--variants", type=variants, default="fp32,amp", help=f"some of {','.join(VARIANTS)}"
+    )
     parser.add_argument("--steps", type=int, default=5, help="timed training steps per run")
     parser.add_argument("--plain", action="store_true", help="the plain loop on each core set")
     parser.add_argument("--output", type=Path, default=Path("cores.json"))
     args = parser.parse_args()
-    try:
-        counts = sorted({int(c) for c in args.cores.split(",") if c})
-        batches = [int(b) for b in args.batch_sizes.split(",") if b]
-    except ValueError:
-        parser.error(
-            "--cores, --batch_sizes: expected comma-separated integers, got "
-            f"{args.cores!r} and {args.batch_sizes!r}"
-        )
-    variants = [v for v in args.variants.split(",") if v]
-    if [v for v in variants if v not in VARIANTS] or not variants:
-        parser.error(f"--variants: expected some of {list(VARIANTS)}, got {args.variants!r}")
-    if not counts or min(counts) < 1 or not batches or min(batches) < 1 or args.steps < 1:
+    counts = sorted(set(args.cores))
+    if not counts or not args.batch_sizes or min(*counts, *args.batch_sizes, args.steps) < 1:
         parser.error(
             "--cores, --batch_sizes, --steps: expected positive numbers, got "
-            f"{args.cores!r}, {args.batch_sizes!r}, {args.steps}"
+            f"{args.cores}, {args.batch_sizes}, {args.steps}"
         )
     allowed = len(os.sched_getaffinity(0))
     if max(counts) > allowed:
         parser.error(f"--cores {max(counts)}: this process may use {allowed} CPUs")
-
-    with tempfile.TemporaryDirectory() as directory:
-        work = Path(directory)
-        dataset = default_dataset(work, max(batches), args.steps)
-        measure(
-            dataset,
-            work,
-            counts,
-            batches,
-            variants,
-            args.steps,
-            args.plain,
-            mflop_per_sample(),
-            args.output,
-        )
+    with work_directory("cores_") as work:
+        dataset = default_dataset(work, max(args.batch_sizes), args.steps)
+        sizes = (counts, args.batch_sizes, args.variants, args.steps)
+        measure(dataset, work, *sizes, args.plain, mflop_per_sample(), args.output)
     print(f"wrote {args.output}")
     return 0
 

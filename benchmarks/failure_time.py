@@ -23,49 +23,42 @@ shutdown (900 s), which a rank left waiting in a collective would hit.
 
 from __future__ import annotations
 
-import argparse
-import json
 import re
-import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))  # run as a script from anywhere
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
-from dataloading.synthetic import generate_split_binary  # noqa: E402
+from benchmarks.harness import (
+    REPO,
+    add_output_flags,
+    child_env,
+    parser_for,
+    save,
+    work_directory,
+)
+from dataloading.synthetic import generate_split_binary
+from tests.harness.processes import on_ranks
 
 DIM = 128
-FLAGS = [
-    "--optimizer=adagrad",
-    "--learning_rate=0.05",
-    "--warmup_steps=0",
-    "--decay_start_step=0",
-    f"--embedding_dim={DIM}",
-    f"--bottom_mlp_dims=16,{DIM}",
-    "--top_mlp_dims=16,1",
-    "--batch_size=1024",
-    "--max_steps=2",
-    "--evals_per_epoch=0",
-]
+FLAGS = ["--optimizer=adagrad", "--learning_rate=0.05", "--warmup_steps=0", "--decay_start_step=0"]
+FLAGS += [f"--embedding_dim={DIM}", f"--bottom_mlp_dims=16,{DIM}", "--top_mlp_dims=16,1"]
+FLAGS += ["--batch_size=1024", "--max_steps=2", "--evals_per_epoch=0"]
+FAIL_ON_RANK = "tests/integration/scripts/fail_on_rank.py"
 
 
-def horovodrun(*args: str) -> list[str]:
-    launcher = Path(sys.executable).parent / "horovodrun"
-    return [str(launcher), "--gloo", "-np", "2", "-H", "localhost:2", sys.executable, *args]
+def two_ranks(*args: str) -> list[str]:
+    return on_ranks(2, [sys.executable, *args])
 
 
 def timed_run(command: list[str], log: Path) -> tuple[int, float, str]:
     """Return code, the time it ended (epoch seconds) and the output."""
-    env = {"PYTHONPATH": str(REPO), "TF_CPP_MIN_LOG_LEVEL": "2"}
-    import os
-
     with log.open("w") as sink:
         result = subprocess.run(
-            command, cwd=REPO, env={**os.environ, **env}, stdout=sink, stderr=subprocess.STDOUT
+            command, cwd=REPO, env=child_env(), stdout=sink, stderr=subprocess.STDOUT
         )
     return result.returncode, time.time(), log.read_text()
 
@@ -85,16 +78,12 @@ def peak_rss_gib(command: list[str], log: Path) -> tuple[int, float]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = parser_for(__doc__)
     parser.add_argument("--rows", type=int, default=2_097_152)
-    parser.add_argument("--dir", type=Path, default=Path(tempfile.gettempdir()))
-    parser.add_argument("--json", type=Path, default=None)
+    add_output_flags(parser)
     args = parser.parse_args()
-    work = Path(tempfile.mkdtemp(prefix="failure_time_", dir=args.dir))
-    try:
+    with work_directory("failure_time_", args.dir) as work:
         figures = measure(work, args.rows)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
     print(f"checkpoint: {figures['checkpoint_gib']:.2f} GiB ({args.rows:,} x {DIM} table)")
     print(f"{'case':<10} {'rc':>4} {'seconds to stop after the failure':>36}")
     for case in ("save", "restore"):
@@ -106,53 +95,35 @@ def main() -> None:
         f"{reshard['table_gib']:.2f} GiB table (rc {reshard['returncode']})"
     )
     if args.json:
-        args.json.write_text(json.dumps(figures, indent=1) + "\n")
+        save(figures, args.json, indent=1)
 
 
-def measure(work: Path, rows: int) -> dict:
+def measure(work: Path, rows: int) -> dict[str, Any]:
     dataset = work / "data"
-    generate_split_binary(
-        dataset, (rows, 1000, 50), 4, rows={"train": 20_000, "test": 2_048}, seed=1
-    )
+    split_rows = {"train": 20_000, "test": 2_048}
+    generate_split_binary(dataset, (rows, 1000, 50), 4, rows=split_rows, seed=1)
     data = f"--dataset_path={dataset}"
     run_dir = work / "run"
     code, _, output = timed_run(
-        horovodrun("main.py", data, *FLAGS, f"--save_checkpoint_path={run_dir}"),
+        two_ranks("main.py", data, *FLAGS, f"--save_checkpoint_path={run_dir}"),
         work / "train.log",
     )
     if code != 0:
         raise SystemExit(f"the training run failed:\n{output[-3000:]}")
     step = sorted(run_dir.glob("step_*"))[-1]
     size = sum(p.stat().st_size for p in step.rglob("*") if p.is_file())
-    figures: dict = {"checkpoint_gib": size / 2**30, "rows": rows}
-    script = "tests/integration/scripts/fail_on_rank.py"
+    figures: dict[str, Any] = {"checkpoint_gib": size / 2**30, "rows": rows}
+    restore = [f"--restore_checkpoint_path={step}"]
     cases = {
-        "save": [script, "1", "save", "0", data, *FLAGS, f"--save_checkpoint_path={work / 's'}"],
-        "restore": [
-            script,
-            "1",
-            "restore",
-            "0",
-            data,
-            *FLAGS,
-            f"--restore_checkpoint_path={step}",
-            f"--save_checkpoint_path={work / 'r'}",
-        ],
+        "save": [FAIL_ON_RANK, "1", "save", "0", data, *FLAGS],
+        "restore": [FAIL_ON_RANK, "1", "restore", "0", data, *FLAGS, *restore],
     }
     for case, command in cases.items():
-        code, ended, output = timed_run(horovodrun(*command), work / f"{case}.log")
+        save_to = f"--save_checkpoint_path={work / case}"
+        code, ended, output = timed_run(two_ranks(*command, save_to), work / f"{case}.log")
         figures[case] = {"returncode": code, "seconds_to_stop": ended - injected_at(output)}
-    code, rss = peak_rss_gib(
-        [
-            sys.executable,
-            "main.py",
-            data,
-            *FLAGS,
-            "--mode=eval",
-            f"--restore_checkpoint_path={step}",
-        ],
-        work / "reshard.log",
-    )
+    command = [sys.executable, "main.py", data, *FLAGS, "--mode=eval", *restore]
+    code, rss = peak_rss_gib(command, work / "reshard.log")
     figures["reshard"] = {
         "returncode": code,
         "peak_rss_gib": rss,

@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -38,6 +37,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import numpy as np
 import tensorflow as tf
 
+from benchmarks.harness import integers, parser_for, work_directory
 from dataloading.files import SplitBinaryFiles, check_id_rows
 from dataloading.split_binary import InputMode, ShardSpec, SplitBinaryDataset
 from dataloading.synthetic import generate_split_binary
@@ -112,14 +112,11 @@ def compare_multi_hot(directory: Path, rows: int, batch_size: int, epochs: int) 
     for name, hotness in shapes.items():
         path = directory / name
         print(f"generating {rows:,} rows x {MULTI_HOT_TABLES} {name} tables ...", flush=True)
-        generate_split_binary(
-            path,
-            cardinalities,
-            rows={"train": rows},
-            hotness=(hotness,) * MULTI_HOT_TABLES,
-            max_variable_hotness=2 * MULTI_HOT_IDS,
-            seed=0,
-        )
+        shape = {
+            "hotness": (hotness,) * MULTI_HOT_TABLES,
+            "max_variable_hotness": 2 * MULTI_HOT_IDS,
+        }
+        generate_split_binary(path, cardinalities, rows={"train": rows}, seed=0, **shape)
         spec = FeatureSpec.load(path)
         warm_page_cache(spec, "train")
         files = SplitBinaryFiles.open(spec, "train")
@@ -138,18 +135,8 @@ def compare_multi_hot(directory: Path, rows: int, batch_size: int, epochs: int) 
     )
 
 
-def time_train_step(path: Path, steps: int) -> float:
-    """Seconds of one fp32 training step of the default model at STEP_BATCH_SIZE."""
-    from benchmarks.train import time_variant
-
-    samples_per_second, _loss = time_variant(
-        path, STEP_BATCH_SIZE, amp=False, xla=False, steps=steps, warmup=2
-    )
-    return STEP_BATCH_SIZE / samples_per_second
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def parse_args() -> argparse.Namespace:
+    parser = parser_for(__doc__)
     parser.add_argument("--dataset_path", type=Path)
     parser.add_argument("--rows", type=int, default=4_000_000)
     parser.add_argument("--global_batch_size", type=int, default=65536)
@@ -160,7 +147,7 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument(
         "--check_batch_sizes",
-        type=lambda text: [int(v) for v in text.split(",")],
+        type=integers,
         default=[8192, 65536],
         help="global batch sizes at which to time the id check alone",
     )
@@ -173,42 +160,27 @@ def main() -> None:
     parser.add_argument("--multi_hot_rows", type=int, default=400_000, help="0: skip")
     parser.add_argument("--multi_hot_batch_size", type=int, default=8192)
     args = parser.parse_args()
-    train_steps = args.train_steps
-    if train_steps is None:
-        train_steps = 0 if args.dataset_path is not None else 5
+    if args.train_steps is None:
+        args.train_steps = 0 if args.dataset_path is not None else 5
+    return args
 
-    with tempfile.TemporaryDirectory() as tmp:
+
+def main() -> None:
+    args = parse_args()
+    with work_directory("bench_loader_") as work:
         path = args.dataset_path
         if path is None:
-            path = Path(tmp) / "bench"
+            path = work / "bench"
             print(f"generating {args.rows:,} rows x 26 tables in {path} ...", flush=True)
             generate_split_binary(path, rows={"train": args.rows}, seed=0)
         spec = FeatureSpec.load(path)
-        size = warm_page_cache(spec, "train")
         tables = len(spec.categorical_features)
         mode = InputMode(args.input_mode)
         local_tables = (
             tuple(range(0, tables, args.world_size)) if mode == InputMode.MODEL_PARALLEL else None
         )
         shard = ShardSpec(args.global_batch_size, 0, args.world_size, local_tables, mode)
-        datasets = {
-            check: SplitBinaryDataset(spec, "train", shard, check_batch_ids=check)
-            for check in (True, False)
-        }
-        rates = dict.fromkeys(datasets, 0.0)
-        for _ in range(args.epochs):  # alternated, so that both see the same machine load
-            for check, dataset in datasets.items():
-                epoch_rate, batches = measure(dataset, 1)
-                rates[check] = max(rates[check], epoch_rate)
-        read_tables = len(dataset.tables)
-        rate = rates[True]
-        print(
-            f"loader: {rate:,.0f} samples/s  ({rate / 1e6:.2f} M samples/s; rank 0 of "
-            f"{args.world_size}, {mode.value} input, {read_tables}/{tables} tables, global batch "
-            f"{args.global_batch_size}, {batches} batches/epoch, {size / 2**20:,.0f} MiB in "
-            f"page cache, {os.cpu_count()} CPUs, TensorFlow {tf.__version__}, "
-            f"numpy {np.__version__})"
-        )
+        rates = compare_id_check(spec, shard, args.epochs)
         # The check's own time is a steadier figure than the on/off difference of two
         # throughputs, which varies with the machine's load.
         check_seconds = time_id_check(spec, "train", args.global_batch_size, local_tables)
@@ -219,35 +191,70 @@ def main() -> None:
             f"{check_seconds * 1e3:.3f} ms of the loader's {loader_seconds * 1e3:.1f} ms per "
             f"batch ({100 * check_seconds / loader_seconds:.1f} %)"
         )
-        # Training steps at STEP_BATCH_SIZE, seconds: the reference, and one measured here.
-        steps = {"reference": STEP_BATCH_SIZE / REFERENCE_TRAIN_SAMPLES_PER_SECOND}
-        if train_steps > 0:
-            steps["measured"] = time_train_step(path, train_steps)
-        print(
-            f"training step (default model, fp32, batch {STEP_BATCH_SIZE}): "
-            + "; ".join(
-                f"{name} {seconds * 1e3:,.0f} ms ({STEP_BATCH_SIZE / seconds:,.0f} samples/s)"
-                for name, seconds in steps.items()
-            )
-            + (f" (measured over {train_steps} steps)" if train_steps > 0 else "")
-        )
+        steps = training_steps(path, args.train_steps)
         for batch_size in args.check_batch_sizes:
-            seconds = time_id_check(spec, "train", batch_size)
-            # A step's time grows about linearly with the batch at these sizes.
-            scale = batch_size / STEP_BATCH_SIZE
-            shares = ", ".join(
-                f"{100 * seconds / (step * scale):.2g} % of a {name} step"
-                for name, step in steps.items()
-            )
-            print(
-                f"id check, {tables} tables x {batch_size:,} rows: {seconds * 1e3:.3f} ms per "
-                f"global batch = {shares}"
-                + ("" if scale == 1 else " (step scaled linearly to this batch)")
-            )
+            print_id_check_share(spec, batch_size, steps)
         if args.multi_hot_rows > 0:
-            compare_multi_hot(
-                Path(tmp), args.multi_hot_rows, args.multi_hot_batch_size, args.epochs
-            )
+            compare_multi_hot(work, args.multi_hot_rows, args.multi_hot_batch_size, args.epochs)
+
+
+def compare_id_check(spec: FeatureSpec, shard: ShardSpec, epochs: int) -> dict[bool, float]:
+    """Prints the loader's samples/s with the id check; returns it with the
+    check on (True) and off (False)."""
+    size = warm_page_cache(spec, "train")
+    datasets = {
+        check: SplitBinaryDataset(spec, "train", shard, check_batch_ids=check)
+        for check in (True, False)
+    }
+    rates = dict.fromkeys(datasets, 0.0)
+    for _ in range(epochs):  # alternated, so that both see the same machine load
+        for check, dataset in datasets.items():
+            epoch_rate, batches = measure(dataset, 1)
+            rates[check] = max(rates[check], epoch_rate)
+    rate = rates[True]
+    print(
+        f"loader: {rate:,.0f} samples/s  ({rate / 1e6:.2f} M samples/s; rank 0 of "
+        f"{shard.world_size}, {shard.input_mode.value} input, {len(dataset.tables)}/"
+        f"{len(spec.categorical_features)} tables, global batch {shard.global_batch_size}, "
+        f"{batches} batches/epoch, {size / 2**20:,.0f} MiB in page cache, {os.cpu_count()} "
+        f"CPUs, TensorFlow {tf.__version__}, numpy {np.__version__})"
+    )
+    return rates
+
+
+def training_steps(path: Path, train_steps: int) -> dict[str, float]:
+    """Prints and returns the seconds of a training step at STEP_BATCH_SIZE: the
+    reference's, and one measured here over `train_steps` steps (if any)."""
+    from benchmarks.train import time_variant
+
+    steps = {"reference": STEP_BATCH_SIZE / REFERENCE_TRAIN_SAMPLES_PER_SECOND}
+    if train_steps > 0:
+        rate, _ = time_variant(path, STEP_BATCH_SIZE, False, False, train_steps, warmup=2)
+        steps["measured"] = STEP_BATCH_SIZE / rate
+    print(
+        f"training step (default model, fp32, batch {STEP_BATCH_SIZE}): "
+        + "; ".join(
+            f"{name} {seconds * 1e3:,.0f} ms ({STEP_BATCH_SIZE / seconds:,.0f} samples/s)"
+            for name, seconds in steps.items()
+        )
+        + (f" (measured over {train_steps} steps)" if train_steps > 0 else "")
+    )
+    return steps
+
+
+def print_id_check_share(spec: FeatureSpec, batch_size: int, steps: dict[str, float]) -> None:
+    """The id check's time on every table at `batch_size`, as a share of each step."""
+    seconds = time_id_check(spec, "train", batch_size)
+    # A step's time grows about linearly with the batch at these sizes.
+    scale = batch_size / STEP_BATCH_SIZE
+    shares = ", ".join(
+        f"{100 * seconds / (step * scale):.2g} % of a {name} step" for name, step in steps.items()
+    )
+    print(
+        f"id check, {len(spec.categorical_features)} tables x {batch_size:,} rows: "
+        f"{seconds * 1e3:.3f} ms per global batch = {shares}"
+        + ("" if scale == 1 else " (step scaled linearly to this batch)")
+    )
 
 
 if __name__ == "__main__":

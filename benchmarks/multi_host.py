@@ -4,7 +4,7 @@
         [--output results.json]
 
 Builds two "hosts" on this machine (network namespaces with their own address,
-hostname and sshd: tests/integration/netns_cluster.py, root needed), generates a
+hostname and sshd: `tests.harness.netns`, root needed), generates a
 synthetic Criteo-shaped dataset, and times the default fp32 model's training
 steps (`benchmarks/train.py`'s rank worker: then as many steps traced by the
 profiler, for the time in them in which a rank runs no op, waiting on its
@@ -28,15 +28,15 @@ import argparse
 import json
 import os
 import sys
-import tempfile
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))  # run as a script from anywhere
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
-from benchmarks.collective_time import exposed  # noqa: E402
-from dataloading.synthetic import generate_split_binary  # noqa: E402
-from tests.harness.netns import INTERFACE, NetnsCluster, install_reason  # noqa: E402
+from benchmarks.harness import REPO, child_env, parser_for, save, work_directory
+from benchmarks.train import per_step, worker_command
+from dataloading.synthetic import generate_split_binary
+from tests.harness.netns import INTERFACE, NetnsCluster, install_reason
+from tests.harness.processes import horovodrun
 
 LAYOUTS = {
     "1 host x 2 ranks": ["-H", "node1:2"],
@@ -47,30 +47,22 @@ LAYOUTS = {
 def measure(
     cluster: NetnsCluster, layout: list[str], dataset: Path, args: argparse.Namespace, out: Path
 ) -> dict:
-    horovodrun = Path(sys.executable).parent / "horovodrun"
-    command = [
-        str(horovodrun), "--gloo", "-np", "2", *layout,
-        sys.executable, str(REPO / "benchmarks" / "train.py"), "--worker", str(dataset),
-        "--batch_size", str(args.batch_size), "--steps", str(args.steps),
-        "--warmup", str(args.warmup), "--output", str(out),
-    ]  # fmt: skip
-    env = {"PYTHONPATH": str(REPO), "TF_CPP_MIN_LOG_LEVEL": "2"}
-    result = cluster.run("node1", command, timeout=1800, env=env, cwd=REPO)
+    worker = worker_command(dataset, args.batch_size, args.steps, args.warmup, out)
+    command = [horovodrun(), "--gloo", "-np", "2", *layout, *worker]
+    result = cluster.run("node1", command, timeout=1800, env=child_env(), cwd=REPO)
     if result.returncode != 0:
         raise RuntimeError(f"{' '.join(layout)} failed:\n{result.stderr[-3000:]}")
-    ranks = json.loads(out.read_text())["ranks"]
-    step = max(r["seconds"] for r in ranks) / args.steps
-    waiting = exposed(ranks)
+    times = per_step(json.loads(out.read_text()), args.steps)
     return {
-        "samples_per_second": args.batch_size / step,
-        "step_seconds": step,
-        "exposed_seconds_per_step": waiting["seconds"],
-        "exposed_share": waiting["share"],
+        "samples_per_second": args.batch_size / times["step"],
+        "step_seconds": times["step"],
+        "exposed_seconds_per_step": times["exposed"],
+        "exposed_share": times["exposed_share"],
     }
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = parser_for(__doc__)
     parser.add_argument("--batch_size", type=int, default=8192)
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--warmup", type=int, default=3)
@@ -80,8 +72,7 @@ def main() -> int:
     if reason is not None:
         parser.error(reason)
     results = {}
-    with tempfile.TemporaryDirectory() as directory:
-        work = Path(directory)
+    with work_directory("multi_host_") as work:
         dataset = work / "data"
         rows = args.batch_size * (args.steps + args.warmup)
         generate_split_binary(dataset, num_numerical=13, rows={"train": rows, "test": 1}, seed=0)
@@ -102,7 +93,7 @@ def main() -> int:
                     flush=True,
                 )
     if args.output:
-        args.output.write_text(json.dumps(results, indent=2) + "\n")
+        save(results, args.output)
     return 0
 
 

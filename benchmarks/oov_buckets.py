@@ -14,66 +14,37 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-PYTHON = sys.executable
-FLAGS = [
-    "--optimizer=adam",
-    "--learning_rate=0.01",
-    "--warmup_steps=0",
-    "--decay_start_step=0",
-    "--embedding_dim=16",
-    "--bottom_mlp_dims=64,16",
-    "--top_mlp_dims=128,64,1",
-    "--epochs=1",
-    "--evals_per_epoch=1",
-    "--batch_size=4096",
-    "--print_freq=1000",
-]
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
+
+from benchmarks.harness import REPO, parser_for, run_checked, work_directory
+from dlrm.app.records import last_record
+
+FLAGS = ["--optimizer=adam", "--learning_rate=0.01", "--warmup_steps=0", "--decay_start_step=0"]
+FLAGS += ["--embedding_dim=16", "--bottom_mlp_dims=64,16", "--top_mlp_dims=128,64,1"]
+FLAGS += ["--epochs=1", "--evals_per_epoch=1", "--batch_size=4096", "--print_freq=1000"]
 
 
-def run(command: list[str]) -> float:
+def seconds_of(*command: str) -> float:
+    """Runs `command` (a python module or script and its flags); its wall seconds."""
     start = time.perf_counter()
-    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, check=False)
-    if result.returncode != 0:
-        sys.exit(f"failed: {' '.join(command)}\n{result.stdout[-2000:]}{result.stderr[-2000:]}")
+    run_checked([sys.executable, *command])
     return time.perf_counter() - start
 
 
 def measure(args: argparse.Namespace, buckets: int, raw: Path, work: Path) -> dict[str, Any]:
     dataset, run_dir = work / f"data_{buckets}", work / f"run_{buckets}"
     last = args.days - 1
-    preprocess = run(
-        [
-            PYTHON,
-            "-m",
-            "preproc.criteo",
-            f"--input_dir={raw}",
-            f"--output_dir={dataset}",
-            f"--train_days=0-{last - 1}",
-            f"--test_days={last}",
-            f"--frequency_threshold={args.frequency_threshold}",
-            f"--oov_buckets={buckets}",
-        ]
-    )
-    train = run(
-        [
-            PYTHON,
-            "main.py",
-            f"--dataset_path={dataset}",
-            f"--save_checkpoint_path={run_dir}",
-            *FLAGS,
-        ]
-    )
-    records = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    summary = [r for r in records if r["event"] == "summary"][-1]
+    flags = [f"--input_dir={raw}", f"--output_dir={dataset}", f"--train_days=0-{last - 1}"]
+    flags += [f"--test_days={last}", f"--frequency_threshold={args.frequency_threshold}"]
+    preprocess = seconds_of("-m", "preproc.criteo", *flags, f"--oov_buckets={buckets}")
+    flags = [f"--dataset_path={dataset}", f"--save_checkpoint_path={run_dir}", *FLAGS]
+    train = seconds_of(str(REPO / "main.py"), *flags)
+    summary = last_record(run_dir / "metrics.jsonl", "summary")
     report = json.loads((dataset / "report.json").read_text())
     return {
         "oov_buckets": buckets,
@@ -86,31 +57,21 @@ def measure(args: argparse.Namespace, buckets: int, raw: Path, work: Path) -> di
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = parser_for(__doc__)
     parser.add_argument("--buckets", default="0,100,1000")
     parser.add_argument("--days", type=int, default=4)
     parser.add_argument("--rows_per_day", type=int, default=100_000)
     parser.add_argument("--drift", type=float, default=0.3)
     parser.add_argument("--frequency_threshold", type=int, default=3)
-    parser.add_argument("--dir", type=Path, default=None)
+    parser.add_argument("--dir", type=Path, help="where to write (default: a temporary directory)")
     args = parser.parse_args()
-    work = Path(tempfile.mkdtemp(prefix="oov_buckets_", dir=args.dir))
-    try:
+    with work_directory("oov_buckets_", args.dir) as work:
         raw = work / "raw"
-        run(
-            [
-                PYTHON,
-                "-m",
-                "dataloading.criteo_tsv",
-                f"--output_dir={raw}",
-                f"--days={args.days}",
-                f"--rows_per_day={args.rows_per_day}",
-                f"--drift={args.drift}",
-            ]
+        log = [f"--days={args.days}", f"--rows_per_day={args.rows_per_day}"]
+        seconds_of(
+            "-m", "dataloading.criteo_tsv", f"--output_dir={raw}", *log, f"--drift={args.drift}"
         )
         results = [measure(args, int(k), raw, work) for k in args.buckets.split(",")]
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
     print(
         f"{args.days - 1} train days, test day {args.days - 1}, {args.rows_per_day:,} rows a "
         f"day, drift {args.drift}, threshold {args.frequency_threshold}, one process"

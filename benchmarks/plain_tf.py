@@ -55,15 +55,7 @@ def build_step(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     top = keras.Sequential(
         [keras.layers.Dense(w, activation="relu") for w in hidden] + [keras.layers.Dense(last)]
     )
-    n = len(tables) + 1
-    rows, cols = np.tril_indices(n, k=-1)
-    pairs = tf.constant(rows * n + cols, tf.int32)
-    width = args.bottom[-1] + len(tables) * dim
-    # DCNv2: x_{l+1} = x0 * (U_l V_l x_l + b_l) + x_l.
-    cross_down = [
-        keras.layers.Dense(args.projection, use_bias=False) for _ in range(args.cross_layers)
-    ]
-    cross_up = [keras.layers.Dense(width) for _ in range(args.cross_layers)]
+    interact, interaction_layers = build_interaction(args, len(tables))
     optimizer = {
         "sgd": keras.optimizers.SGD,
         "adagrad": keras.optimizers.Adagrad,
@@ -78,23 +70,13 @@ def build_step(args: argparse.Namespace):  # type: ignore[no-untyped-def]
             else tf.reduce_sum(tf.gather(table, table_ids), axis=1)
             for table, table_ids in zip(tables, ids, strict=True)
         ]
-        if args.interaction == "cross":
-            x0 = tf.concat([dense, *(tf.cast(v, dense.dtype) for v in vectors)], 1)
-            x = x0
-            for down, up in zip(cross_down, cross_up, strict=True):
-                x = x0 * up(down(x)) + x
-            return tf.cast(top(x), tf.float32)
-        stacked = tf.concat([dense[:, None, :], tf.cast(tf.stack(vectors, 1), dense.dtype)], 1)
-        gram = tf.matmul(stacked, stacked, transpose_b=True)
-        flat = tf.gather(tf.reshape(gram, [-1, n * n]), pairs, axis=1)
-        return tf.cast(top(tf.concat([dense, flat], 1)), tf.float32)
+        return tf.cast(top(interact(dense, vectors)), tf.float32)
 
     # Build the layers.
     forward(tf.zeros([1, 13]), [tf.zeros([1, hot], tf.int32) for hot in args.hotness])
     variables = [*bottom.trainable_variables, *top.trainable_variables, *tables]
-    if args.interaction == "cross":
-        for layer in (*cross_down, *cross_up):
-            variables += layer.trainable_variables
+    for layer in interaction_layers:
+        variables += layer.trainable_variables
 
     @tf.function(jit_compile=args.xla)
     def step(numerical: tf.Tensor, ids: list[tf.Tensor], labels: tf.Tensor) -> tf.Tensor:
@@ -108,6 +90,37 @@ def build_step(args: argparse.Namespace):  # type: ignore[no-untyped-def]
         return loss
 
     return step
+
+
+def build_interaction(args: argparse.Namespace, tables: int):  # type: ignore[no-untyped-def]
+    """The interaction of the bottom MLP's output with the vectors (the top
+    MLP's input), and its layers."""
+    if args.interaction == "cross":
+        width = args.bottom[-1] + tables * args.embedding_dim
+        # DCNv2: x_{l+1} = x0 * (U_l V_l x_l + b_l) + x_l.
+        downs = [
+            keras.layers.Dense(args.projection, use_bias=False) for _ in range(args.cross_layers)
+        ]
+        ups = [keras.layers.Dense(width) for _ in range(args.cross_layers)]
+
+        def cross(dense: tf.Tensor, vectors: list[tf.Tensor]) -> tf.Tensor:
+            x0 = tf.concat([dense, *(tf.cast(v, dense.dtype) for v in vectors)], 1)
+            x = x0
+            for down, up in zip(downs, ups, strict=True):
+                x = x0 * up(down(x)) + x
+            return x
+
+        return cross, [*downs, *ups]
+    n = tables + 1
+    rows, cols = np.tril_indices(n, k=-1)
+    pairs = tf.constant(rows * n + cols, tf.int32)
+
+    def dot(dense: tf.Tensor, vectors: list[tf.Tensor]) -> tf.Tensor:
+        stacked = tf.concat([dense[:, None, :], tf.cast(tf.stack(vectors, 1), dense.dtype)], 1)
+        gram = tf.matmul(stacked, stacked, transpose_b=True)
+        return tf.concat([dense, tf.gather(tf.reshape(gram, [-1, n * n]), pairs, axis=1)], 1)
+
+    return dot, []
 
 
 def integers(text: str) -> list[int]:

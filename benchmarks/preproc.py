@@ -25,12 +25,9 @@ starting). The JSON holds the first run's figures, and the later runs' under
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
-import subprocess
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -40,6 +37,7 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
+from benchmarks.harness import parser_for, run_checked, save, work_directory
 from benchmarks.process_tree import tree_cpu_seconds, tree_rss
 from preproc.config import PipelineConfig, last_day_test_config
 from preproc.pipeline import run_pipeline
@@ -48,7 +46,6 @@ from preproc.spark import SparkSettings, parse_conf_items, print_to_stderr, star
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-ROOT = Path(__file__).resolve().parents[1]
 SAMPLE_SECONDS = 0.1
 
 
@@ -91,8 +88,8 @@ class PeakMemory:
                 self.overall = max(self.overall, total)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def parse_args() -> argparse.Namespace:
+    parser = parser_for(__doc__)
     parser.add_argument("--rows", type=int, default=1_020_000)
     parser.add_argument("--days", type=int, default=3)
     parser.add_argument("--spark_master", default="local[2]")
@@ -112,24 +109,14 @@ def main() -> None:
     args = parser.parse_args()
     if args.runs < 1:
         parser.error(f"--runs: expected at least 1, got {args.runs}")
+    return args
 
-    with tempfile.TemporaryDirectory() as tmp:
-        work = args.work_dir or Path(tmp)
-        raw = work / "raw"
-        start = time.perf_counter()
-        if not (args.reuse_log and raw.is_dir()):
-            # In a process of its own: the generator's memory is not the pipeline's.
-            command = [sys.executable, "-m", "dataloading.criteo_tsv", f"--output_dir={raw}"]
-            command += [f"--days={args.days}", f"--rows_per_day={args.rows // args.days}"]
-            command += ["--short_row_fraction=0.01", "--malformed_rows_per_day=10", "--overwrite"]
-            subprocess.run(command, check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
-        files = sorted(raw.glob("day_*"), key=lambda p: int(p.name.split("_")[1]))
-        size = sum(p.stat().st_size for p in files)
-        print(
-            f"log: {len(files)} day files, {size / 1e6:,.0f} MB "
-            f"({time.perf_counter() - start:.1f} s)",
-            flush=True,
-        )
+
+def main() -> None:
+    args = parse_args()
+    with work_directory("bench_preproc_") as tmp:
+        work = args.work_dir or tmp
+        files = click_log(work / "raw", args)
         settings = SparkSettings(
             spark_master=args.spark_master,
             driver_memory=args.driver_memory,
@@ -160,7 +147,26 @@ def main() -> None:
     if args.runs > 1:
         figures["later_runs"] = runs[1:]
     if args.json:
-        args.json.write_text(json.dumps(figures, indent=2) + "\n")
+        save(figures, args.json)
+
+
+def click_log(raw: Path, args: argparse.Namespace) -> list[Path]:
+    """The day files of a generated Criteo-format log in `raw` (kept with
+    `--reuse_log` where there is one), in day order."""
+    start = time.perf_counter()
+    if not (args.reuse_log and raw.is_dir()):
+        # In a process of its own: the generator's memory is not the pipeline's.
+        command = [sys.executable, "-m", "dataloading.criteo_tsv", f"--output_dir={raw}"]
+        command += [f"--days={args.days}", f"--rows_per_day={args.rows // args.days}"]
+        command += ["--short_row_fraction=0.01", "--malformed_rows_per_day=10", "--overwrite"]
+        run_checked(command)
+    files = sorted(raw.glob("day_*"), key=lambda p: int(p.name.split("_")[1]))
+    size = sum(p.stat().st_size for p in files)
+    print(
+        f"log: {len(files)} day files, {size / 1e6:,.0f} MB ({time.perf_counter() - start:.1f} s)",
+        flush=True,
+    )
+    return files
 
 
 def _measured_run(config: PipelineConfig, spark: SparkSession) -> dict[str, Any]:

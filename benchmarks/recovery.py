@@ -5,7 +5,7 @@ to the first step on the hosts that are left.
         [--steps 400] [--dir PARENT] [--json PATH]
 
 Builds three "hosts" on this machine (network namespaces with their own address,
-hostname and sshd: tests/integration/netns_cluster.py, root needed), and for each
+hostname and sshd: `tests.harness.netns`, root needed), and for each
 failure launches `main.py` on them under `horovodrun --gloo --host-discovery-script`
 (one rank per host, a checkpoint every 20 steps), waits for the checkpoint at step
 40 and 5 more steps, then fails node3 (it stays listed, but horovodrun does not
@@ -26,20 +26,17 @@ the checkpoint restored); and their sum, `total_s`. The model has 8 tables of up
 from __future__ import annotations
 
 import argparse
-import json
-import shutil
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))  # run as a script from anywhere
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
-from dataloading.synthetic import generate_split_binary  # noqa: E402
-from tests.harness.elastic_job import ElasticJob  # noqa: E402
-from tests.harness.netns import NetnsCluster, install_reason  # noqa: E402
+from benchmarks.harness import add_output_flags, parser_for, save, work_directory
+from dataloading.synthetic import generate_split_binary
+from tests.harness.elastic_job import ElasticJob
+from tests.harness.netns import NetnsCluster, install_reason
 
 HOSTS = ("node1", "node2", "node3")
 CARDINALITIES = (200_000, 100_000, 50_000, 10_000, 1_000, 100, 30, 7)
@@ -48,18 +45,11 @@ FAILURES = ("kill", "link")
 
 
 def flags(steps: int) -> list[str]:
-    return [
-        "--batch_size=3072",  # divides by 3 and 2 ranks
-        "--optimizer=adagrad",
-        "--learning_rate=0.05",
-        "--embedding_dim=16",
-        "--bottom_mlp_dims=64,16",
-        "--top_mlp_dims=64,1",
-        "--print_freq=5",
-        "--evals_per_epoch=0",
-        f"--max_steps={steps}",
-        f"--checkpoint_every_steps={EVERY}",
-    ]
+    flags = ["--batch_size=3072"]  # divides by 3 and 2 ranks
+    flags += ["--optimizer=adagrad", "--learning_rate=0.05", "--embedding_dim=16"]
+    flags += ["--bottom_mlp_dims=64,16", "--top_mlp_dims=64,1", "--print_freq=5"]
+    flags += ["--evals_per_epoch=0", f"--max_steps={steps}", f"--checkpoint_every_steps={EVERY}"]
+    return flags
 
 
 def measure(
@@ -96,12 +86,11 @@ def measure(
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = parser_for(__doc__)
     parser.add_argument("--failures", default=",".join(FAILURES))
     parser.add_argument("--gloo_timeout", type=int, default=10)
     parser.add_argument("--steps", type=int, default=400)
-    parser.add_argument("--dir", type=Path, default=None, help="parent of the work directory")
-    parser.add_argument("--json", type=Path, default=None)
+    add_output_flags(parser)
     args = parser.parse_args(argv)
     failures = [f for f in args.failures.split(",") if f]
     unknown = sorted(set(failures) - set(FAILURES))
@@ -111,16 +100,14 @@ def main(argv: list[str] | None = None) -> int:
     if reason is not None:
         print(f"recovery: not measured ({reason})", file=sys.stderr)
         return 1
-    work = Path(tempfile.mkdtemp(prefix="recovery.", dir=args.dir))
-    try:
+    with work_directory("recovery.", args.dir) as work:
         dataset = work / "data"
         rows = {"train": 3072 * (args.steps + 10), "test": 3072}
         generate_split_binary(dataset, CARDINALITIES, 13, rows=rows, seed=5)
         results: dict[str, Any] = {"gloo_timeout_s": args.gloo_timeout, "hosts": len(HOSTS)}
         with NetnsCluster(work / "cluster", hosts=3, tag="recovery") as cluster:
             for failure in failures:
-                results[failure] = measure(cluster, failure, dataset, work, args)
-                figures = results[failure]
+                results[failure] = figures = measure(cluster, failure, dataset, work, args)
                 print(
                     f"{failure}: first step on 2 ranks {figures['total_s']:.1f} s after the "
                     f"failure (noticed after {figures['detect_s']:.1f} s, then "
@@ -128,9 +115,7 @@ def main(argv: list[str] | None = None) -> int:
                     flush=True,
                 )
         if args.json:
-            args.json.write_text(json.dumps(results, indent=2) + "\n")
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+            save(results, args.json)
     return 0
 
 

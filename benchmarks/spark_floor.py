@@ -23,8 +23,6 @@ the jobs compute.
 
 from __future__ import annotations
 
-import argparse
-import json
 import sys
 import time
 from collections.abc import Iterator
@@ -33,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
+from benchmarks.harness import parser_for, save
 from preproc.spark import SparkSettings, start_spark
 
 if TYPE_CHECKING:
@@ -80,7 +79,7 @@ def measure(settings: SparkSettings, jobs: int, python: bool = True) -> dict[str
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = parser_for(__doc__)
     parser.add_argument("--tasks", choices=("python", "jvm"), default="python")
     parser.add_argument("--spark_master", default="local[2]")
     parser.add_argument("--driver_memory", default="2g")
@@ -96,7 +95,7 @@ def main() -> int:
     for number, seconds in enumerate(figures["job_seconds"], 1):
         print(f"empty job {number} of {kind} tasks ({figures['tasks_per_job']}): {seconds:.2f} s")
     if args.json:
-        args.json.write_text(json.dumps(figures, indent=2) + "\n")
+        save(figures, args.json)
     return 0
 
 

@@ -28,10 +28,9 @@ import argparse
 import io
 import json
 import os
-import subprocess
 import sys
-import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -40,60 +39,44 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import tensorflow as tf
 
-from benchmarks.collective_time import exposed, timeline_seconds
+from benchmarks.collective_time import exposed, idle_seconds, timeline_seconds
+from benchmarks.harness import (
+    VARIANTS,
+    dense_training_flops,
+    parser_for,
+    run_checked,
+    save,
+    variants,
+    work_directory,
+)
 from dataloading.split_binary import ShardSpec, SplitBinaryDataset
 from dataloading.synthetic import generate_split_binary
-from dlrm.app.assembly import assemble_run, model_config_for
+from dlrm.app.assembly import AssembledRun, assemble_run, model_config_for
 from dlrm.app.config import RunConfig
 from dlrm.app.reporting import MetricsLog
-from dlrm.distributed.collectives import create_collectives
-from dlrm.model.config import ModelConfig
+from dlrm.distributed.collectives import Collectives, create_collectives
 from dlrm.train import precision
+from dlrm.train.trainer import Trainer
 from feature_spec import FeatureSpec
+from tests.harness.processes import on_ranks
 
 # The matmul whose best speed the achieved GFLOP/s are set against.
 PEAK_SIZE = 2048
 PEAK_REPEATS = 6
-VARIANTS = {
-    "fp32": (False, False),
-    "amp": (True, False),
-    "xla": (False, True),
-    "amp+xla": (True, True),
-}
-
-
-def dense_training_flops(config: ModelConfig) -> float:
-    """Floating-point operations per sample of one training step's dense part.
-
-    Each dense layer costs 2 * fan_in * fan_out multiply-adds forward and twice
-    that backward (gradients of inputs and of weights). The dot interaction's
-    Gram matrix costs 2 * (T + 1)^2 * D forward; a cross layer over width d
-    costs 2 * d * d at full rank, 2 * 2 * d * r at rank r; both likewise
-    tripled. Lookups, activations and the optimizer are memory-bound and not
-    counted.
-    """
-    forward = 0.0
-    width = config.num_numerical
-    for out in config.bottom_mlp_dims:
-        forward += 2 * width * out
-        width = out
-    if config.interaction == "cross":
-        d, r = config.interaction_width, config.cross_layer_projection_dim
-        per_layer = 4 * d * r if 0 < r < d else 2 * d * d
-        forward += config.num_cross_layers * per_layer
-    else:
-        vectors = len(config.cardinalities) + 1
-        forward += 2 * vectors * vectors * config.embedding_dims[0]
-    width = config.interaction_width
-    for out in config.top_mlp_dims:
-        forward += 2 * width * out
-        width = out
-    return 3 * forward
 
 
 def matmul_gflops(dtype: tf.DType) -> float:
     """Best GFLOP/s of a 2048^3 matmul in `dtype`, the peak the figures are set against."""
     return precision.matmul_gflops(dtype, size=PEAK_SIZE, repeats=PEAK_REPEATS)
+
+
+def assembled_trainer(
+    config: RunConfig, collectives: Collectives | None = None
+) -> tuple[AssembledRun, Trainer]:
+    """The run `main.py` assembles for `config` (its messages discarded), and its trainer."""
+    assembled = assemble_run(config, MetricsLog(None, None, console=io.StringIO()), collectives)
+    assert assembled.trainer is not None  # mode "train" has one
+    return assembled, assembled.trainer
 
 
 def time_variant(
@@ -106,23 +89,17 @@ def time_variant(
     interaction: str = "dot",
 ) -> tuple[float, float]:
     """(samples/s, final loss) of `steps` timed steps of the default model."""
-    config = RunConfig(
-        dataset_path=str(dataset),
-        batch_size=batch_size,
-        amp=amp,
-        xla=xla,
-        interaction=interaction,
-    )
-    session = assemble_run(config, MetricsLog(None, None, console=io.StringIO()))
-    assert session.trainer is not None and session.spec is not None
-    data = SplitBinaryDataset(session.spec, "train", ShardSpec(batch_size))
+    settings = {"batch_size": batch_size, "amp": amp, "xla": xla, "interaction": interaction}
+    config = RunConfig(dataset_path=str(dataset), **settings)
+    assembled, trainer = assembled_trainer(config)
+    data = SplitBinaryDataset(assembled.spec, "train", ShardSpec(batch_size))
     batches = list(data.to_tf_dataset().take(steps + warmup))
     for batch in batches[:warmup]:
-        session.trainer.train_step(batch).numpy()
+        trainer.train_step(batch).numpy()
     start = time.perf_counter()
     loss = None
     for batch in batches[warmup:]:
-        loss = session.trainer.train_step(batch)
+        loss = trainer.train_step(batch)
     final = float(loss.numpy()) if loss is not None else float("nan")
     elapsed = time.perf_counter() - start
     return steps * batch_size / elapsed, final
@@ -135,27 +112,23 @@ def rank_worker(
     `steps` training steps, then traces as many with the TensorFlow profiler for
     the time in them in which the rank ran no op (`collective_time.idle_seconds`);
     rank 0 writes every rank's figures to `output` as JSON."""
-    from benchmarks.collective_time import idle_seconds
-
     collectives = create_collectives()
     config = RunConfig(dataset_path=str(dataset), batch_size=batch_size, amp=amp)
-    log = MetricsLog(None, None, console=io.StringIO())
-    session = assemble_run(config, log, collectives)
-    assert session.trainer is not None and session.spec is not None
-    data = SplitBinaryDataset(session.spec, "train", session.shard(batch_size))
+    assembled, trainer = assembled_trainer(config, collectives)
+    data = SplitBinaryDataset(assembled.spec, "train", assembled.shard(batch_size))
     batches = list(data.to_tf_dataset().take(steps + warmup))
     for batch in batches[:warmup]:
-        session.trainer.train_step(batch).numpy()
+        trainer.train_step(batch).numpy()
     collectives.barrier()
     start = time.perf_counter()
     for batch in batches[warmup:]:
-        session.trainer.train_step(batch).numpy()
+        trainer.train_step(batch).numpy()
     elapsed = time.perf_counter() - start
     trace = output.parent / f"{output.stem}_profile_rank{collectives.rank}"
     collectives.barrier()
     tf.profiler.experimental.start(str(trace))
     for batch in batches[warmup:]:
-        session.trainer.train_step(batch).numpy()
+        trainer.train_step(batch).numpy()
     tf.profiler.experimental.stop()
     idle, traced, traced_steps = idle_seconds(trace)
     mine = {
@@ -167,14 +140,23 @@ def rank_worker(
     }
     ranks = collectives.allgather_object(mine, name="benchmark_ranks")
     if collectives.rank == 0:
-        plan = session.plan.to_dict() if session.plan is not None else None
+        plan = assembled.plan.to_dict() if assembled.plan is not None else None
         result = {
             "world_size": collectives.world_size,
             "ranks": ranks,
             "plan": plan,
-            "dense_chunk_rows": session.trainer.dense_chunk_rows,
+            "dense_chunk_rows": trainer.dense_chunk_rows,
         }
         output.write_text(json.dumps(result) + "\n")
+
+
+def worker_command(
+    dataset: Path, batch_size: int, steps: int, warmup: int, output: Path, amp: bool = False
+) -> list[str]:
+    """One rank of the `--np` measurement (`rank_worker`) as a command."""
+    flags = [f"--batch_size={batch_size}", f"--steps={steps}", f"--warmup={warmup}"]
+    flags += [f"--output={output}", *["--amp"] * amp]
+    return [sys.executable, str(Path(__file__).resolve()), f"--worker={dataset}", *flags]
 
 
 def measure_ranks(
@@ -190,34 +172,10 @@ def measure_ranks(
     adds the seconds the timed steps' collectives spent executing and in flight,
     from the Horovod timeline (`collective_time.timeline_seconds`)."""
     output = work / f"ranks_{world_size}.json"
-    command = [
-        sys.executable,
-        __file__,
-        "--worker",
-        str(dataset),
-        "--batch_size",
-        str(batch_size),
-        "--steps",
-        str(steps),
-        "--warmup",
-        str(warmup),
-        "--output",
-        str(output),
-        *(["--amp"] if amp else []),
-    ]
-    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
     timeline = work / f"timeline_{world_size}.json"
-    if world_size > 1:
-        horovodrun = Path(sys.executable).parent / "horovodrun"
-        hosts = f"localhost:{world_size}"
-        command = [str(horovodrun), "--gloo", "-np", str(world_size), "-H", hosts, *command]
-        env["HOROVOD_TIMELINE"] = str(timeline)
-    result = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
-    if result.returncode != 0:
-        raise RuntimeError(
-            f"{world_size}-rank run failed ({result.returncode}):\n"
-            f"{result.stdout[-2000:]}{result.stderr[-3000:]}"
-        )
+    command = worker_command(dataset, batch_size, steps, warmup, output, amp)
+    env = {"HOROVOD_TIMELINE": str(timeline)} if world_size > 1 else {}
+    run_checked(on_ranks(world_size, command), env=env)
     figures = json.loads(output.read_text())
     figures["executing_seconds"] = figures["in_flight_seconds"] = 0.0
     if world_size > 1:
@@ -233,7 +191,7 @@ def per_step(result: dict, steps: int) -> dict[str, Any]:
     """Seconds per step from `measure_ranks`' result: the slowest rank's step,
     the ranks' mean time in it without any op running (exposed collectives; its
     share, and each rank's), and the collectives' time executing and in flight
-    (Horovod's timeline)."""
+    (Horovod's timeline; 0 where there is none)."""
     ranks = result["ranks"]
     waiting = exposed(ranks)
     return {
@@ -241,17 +199,17 @@ def per_step(result: dict, steps: int) -> dict[str, Any]:
         "exposed": waiting["seconds"],
         "exposed_share": waiting["share"],
         "per_rank_share": waiting["per_rank_share"],
-        "executing": result["executing_seconds"] / steps,
-        "in_flight": result["in_flight_seconds"] / steps,
+        "executing": result.get("executing_seconds", 0.0) / steps,
+        "in_flight": result.get("in_flight_seconds", 0.0) / steps,
     }
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def parse_args() -> argparse.Namespace:
+    parser = parser_for(__doc__)
     parser.add_argument("--batch_size", type=int, default=8192)
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--warmup", type=int, default=3)
-    parser.add_argument("--variants", default=",".join(VARIANTS))
+    parser.add_argument("--variants", type=variants, default=",".join(VARIANTS))
     parser.add_argument(
         "--interactions", default="dot,cross", help="dot, cross or both (default: both)"
     )
@@ -265,79 +223,89 @@ def main() -> int:
     parser.add_argument("--worker", type=Path, help=argparse.SUPPRESS)  # one rank of --np
     parser.add_argument("--amp", action="store_true", help=argparse.SUPPRESS)  # of --worker
     args = parser.parse_args()
-    if args.worker:
-        rank_worker(args.worker, args.batch_size, args.steps, args.warmup, args.output, args.amp)
-        return 0
     if args.np == 1 or args.np < 0:
         parser.error(f"--np: expected 0 (off) or >= 2 ranks, got {args.np}")
     if args.np and args.batch_size % args.np:
         parser.error(f"--batch_size {args.batch_size}: must divide by --np {args.np}")
-    variants = [v for v in args.variants.split(",") if v]
-    unknown = [v for v in variants if v not in VARIANTS]
-    if unknown:
-        parser.error(f"--variants: unknown {unknown}; expected some of {list(VARIANTS)}")
     interactions = [i for i in args.interactions.split(",") if i]
     if not interactions or any(i not in ("dot", "cross") for i in interactions):
         parser.error(f"--interactions: expected dot, cross or both, got {args.interactions!r}")
+    args.interactions = interactions
+    return args
 
-    float32_peak = matmul_gflops(tf.float32)
-    bfloat16_peak = matmul_gflops(tf.bfloat16)
+
+def main() -> int:
+    args = parse_args()
+    if args.worker:
+        rank_worker(args.worker, args.batch_size, args.steps, args.warmup, args.output, args.amp)
+        return 0
+    peaks = {"float32": matmul_gflops(tf.float32), "bfloat16": matmul_gflops(tf.bfloat16)}
     print(
-        f"matmul 2048^3 on this machine: float32 {float32_peak:.1f} GFLOP/s, "
-        f"bfloat16 {bfloat16_peak:.1f} GFLOP/s ({os.cpu_count()} CPUs)"
+        f"matmul 2048^3 on this machine: float32 {peaks['float32']:.1f} GFLOP/s, "
+        f"bfloat16 {peaks['bfloat16']:.1f} GFLOP/s ({os.cpu_count()} CPUs)"
     )
-    results = {
-        "batch_size": args.batch_size,
-        "matmul_gflops_float32": float32_peak,
-        "matmul_gflops_bfloat16": bfloat16_peak,
-        "variants": {},
-    }
-    with tempfile.TemporaryDirectory() as directory:
-        dataset = Path(directory) / "data"
+    results: dict[str, Any] = {"batch_size": args.batch_size}
+    results |= {f"matmul_gflops_{name}": gflops for name, gflops in peaks.items()}
+    results["variants"] = {}
+    with work_directory("bench_train_") as work:
+        dataset = work / "data"
         rows = args.batch_size * (args.steps + args.warmup)
         generate_split_binary(dataset, num_numerical=13, rows={"train": rows, "test": 1}, seed=0)
-        spec = FeatureSpec.load(dataset / "feature_spec.yaml")
-        flops = {}
-        for interaction in interactions:
-            # The model main.py builds with the default flags and this interaction.
-            model = model_config_for(
-                spec, RunConfig(dataset_path=str(dataset), interaction=interaction)
-            )
-            flops[interaction] = dense_training_flops(model)
-            print(
-                f"default model, {interaction} interaction, {len(spec.cardinalities)} tables, "
-                f"batch {args.batch_size}: {flops[interaction] / 1e6:.2f} MFLOP per sample per "
-                "training step (dense part)"
-            )
+        flops = flops_per_interaction(dataset, args)
         results["mflop_per_sample"] = {k: v / 1e6 for k, v in flops.items()}
-        print(
-            f"{'variant':<8} {'interaction':<11} {'samples/s':>11} {'GFLOP/s':>8} "
-            f"{'of matmul':>9} {'loss':>8}"
-        )
-        for name in variants:
-            for interaction in interactions:
-                amp, xla = VARIANTS[name]
-                samples_per_second, loss = time_variant(
-                    dataset, args.batch_size, amp, xla, args.steps, args.warmup, interaction
-                )
-                achieved = samples_per_second * flops[interaction] / 1e9
-                peak = bfloat16_peak if amp else float32_peak
-                print(
-                    f"{name:<8} {interaction:<11} {samples_per_second:>11,.0f} {achieved:>8.1f} "
-                    f"{achieved / peak:>8.0%} {loss:>8.4f}",
-                    flush=True,
-                )
-                key = name if interaction == "dot" else f"{name}/cross"
-                results["variants"][key] = {
-                    "samples_per_second": samples_per_second,
-                    "gflops": achieved,
-                    "loss": loss,
-                }
+        results["variants"] = time_variants(dataset, args, flops, peaks)
         if args.np:
-            results["ranks"] = compare_ranks(dataset, args, Path(directory))
+            results["ranks"] = compare_ranks(dataset, args, work)
     if args.output:
-        args.output.write_text(json.dumps(results, indent=2) + "\n")
+        save(results, args.output)
     return 0
+
+
+def flops_per_interaction(dataset: Path, args: argparse.Namespace) -> dict[str, float]:
+    """Prints and returns the dense FLOP per sample of each interaction's model."""
+    spec = FeatureSpec.load(dataset / "feature_spec.yaml")
+    flops = {}
+    for interaction in args.interactions:
+        # The model main.py builds with the default flags and this interaction.
+        config = RunConfig(dataset_path=str(dataset), interaction=interaction)
+        flops[interaction] = dense_training_flops(model_config_for(spec, config))
+        print(
+            f"default model, {interaction} interaction, {len(spec.cardinalities)} tables, "
+            f"batch {args.batch_size}: {flops[interaction] / 1e6:.2f} MFLOP per sample per "
+            "training step (dense part)"
+        )
+    return flops
+
+
+def time_variants(
+    dataset: Path, args: argparse.Namespace, flops: dict[str, float], peaks: dict[str, float]
+) -> dict[str, dict[str, float]]:
+    """Prints and returns samples/s, GFLOP/s and the loss per variant and interaction."""
+    print(
+        f"{'variant':<8} {'interaction':<11} {'samples/s':>11} {'GFLOP/s':>8} "
+        f"{'of matmul':>9} {'loss':>8}"
+    )
+    figures = {}
+    for name in args.variants:
+        for interaction in args.interactions:
+            amp, xla = VARIANTS[name]
+            samples_per_second, loss = time_variant(
+                dataset, args.batch_size, amp, xla, args.steps, args.warmup, interaction
+            )
+            achieved = samples_per_second * flops[interaction] / 1e9
+            peak = peaks["bfloat16" if amp else "float32"]
+            print(
+                f"{name:<8} {interaction:<11} {samples_per_second:>11,.0f} {achieved:>8.1f} "
+                f"{achieved / peak:>8.0%} {loss:>8.4f}",
+                flush=True,
+            )
+            key = name if interaction == "dot" else f"{name}/cross"
+            figures[key] = {
+                "samples_per_second": samples_per_second,
+                "gflops": achieved,
+                "loss": loss,
+            }
+    return figures
 
 
 def compare_ranks(dataset: Path, args: argparse.Namespace, work: Path) -> dict:
@@ -354,9 +322,7 @@ def compare_ranks(dataset: Path, args: argparse.Namespace, work: Path) -> dict:
     for world_size in (1, args.np):
         result = measure_ranks(dataset, world_size, args.batch_size, args.steps, args.warmup, work)
         times = per_step(result, args.steps)
-        kinds: dict[str, int] = {}
-        for table in (result["plan"] or {}).get("tables", []):
-            kinds[table["kind"]] = kinds.get(table["kind"], 0) + 1
+        kinds = dict(Counter(table["kind"] for table in (result["plan"] or {}).get("tables", [])))
         plan = ", ".join(f"{n} {k}" for k, n in sorted(kinds.items())) or "-"
         step = times["step"]
         print(
