@@ -1,4 +1,5 @@
-"""What tests and benchmarks share: running the project's commands
-(`processes`), comparing two runs' checkpoints (`checkpoints`), and the clusters
-they start on this machine: network-namespace hosts (`netns`), a Horovod
-Elastic job on them (`elastic_job`), Slurm (`slurm`) and podman (`podman`)."""
+"""What tests and benchmarks share, a module per concern: running things
+(`processes`, `assembly`, `spark`, `documents`), their inputs (`datasets`, `models`,
+`placements`), checks (`checkpoints`, `rank_weights`, `export`), and clusters on this
+machine (`netns`, `elastic_job`, `slurm`, `podman`, with `system` installing what they
+need). Metrics logs are read with `dlrm.app.records`."""

@@ -6,15 +6,20 @@ runs"):
 - runs of different world sizes add the ranks' partial sums in another order, so
   they agree to rounding (`assert_close` with `CROSS_WORLD`) for a bounded number
   of steps (`CROSS_WORLD_STEPS`), the derivation below.
+
+And which steps a checkpoint directory holds (`checkpoint_steps`).
 """
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 
+from dlrm.checkpoint.format import list_checkpoints
 from dlrm.checkpoint.reader import Checkpoint
 
-# 1 process against 2 ranks, `test_hybrid_main`'s model (Adagrad 0.05, widths 8,
+# 1 process against 2 ranks, `models.MIXED_PLAN_FLAGS` (Adagrad 0.05, widths 8,
 # MLPs 32-8 and 32-1), 12 runs of 300 steps (seeds 1-6, batches 768 and 1024) on an
 # AVX2 CPU: until a ReLU input within rounding of zero switched sides, every weight
 # and table row stayed within 3 % of this tolerance (at most 6e-7 apart). The first
@@ -29,6 +34,12 @@ from dlrm.checkpoint.reader import Checkpoint
 # deterministic, each passes or fails on a CPU kind every time).
 CROSS_WORLD = {"rtol": 2e-5, "atol": 1e-6}
 CROSS_WORLD_STEPS = 20
+
+
+def checkpoint_steps(directory: Path) -> list[int]:
+    """The steps of the checkpoints published in `directory`, oldest first (read
+    from their names: one may be deleted by the time it would be opened)."""
+    return [int(path.name.removeprefix("step_")) for path in list_checkpoints(directory)]
 
 
 def checkpoint_arrays(checkpoint: Checkpoint) -> dict[str, np.ndarray]:

@@ -6,7 +6,6 @@ the ranks' metrics log read back, a host's ranks killed."""
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -16,6 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from dlrm.app.records import read_records
 from tests.harness.netns import INTERFACE, NetnsCluster
 from tests.harness.processes import REPO, horovodrun, process_env
 
@@ -75,11 +75,7 @@ class ElasticJob:
 
     def records(self, event: str) -> list[dict[str, Any]]:
         """Rank 0's metrics records of `event`, in order."""
-        path = self.run / "metrics.jsonl"
-        if not path.exists():
-            return []
-        found = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-        return [r for r in found if r["event"] == event]
+        return read_records(self.run / "metrics.jsonl", event)
 
     def wait_for_step(self, step: int, host: str) -> int:
         """Waits until rank 0 logged a step at or past `step` with a rank running

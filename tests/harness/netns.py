@@ -15,7 +15,7 @@ on a real cluster.
 a failed test. Needs root (or password-less sudo is not enough: `ip netns`
 runs as root); missing `ip` and `sshd` are installed with apt-get.
 
-    python -m tests.integration.netns_cluster DIR [--hosts 2]  # start; Ctrl-C stops
+    python -m tests.harness.netns DIR [--hosts 2]  # start; Ctrl-C stops
 """
 
 from __future__ import annotations
@@ -34,6 +34,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.harness.system import install_missing
+
 SSHD = "/usr/sbin/sshd"
 # Program -> the Debian package that brings it.
 PACKAGES = {"ip": "iproute2", SSHD: "openssh-server", "ssh": "openssh-client"}
@@ -50,28 +52,11 @@ def install_reason() -> str | None:
     here (not root), for a test skip, or None.
 
     Raises:
-        ClusterError: apt-get was possible but failed (never a skip).
+        InstallError: apt-get was possible but failed (never a skip).
     """
     if os.geteuid() != 0:
         return "network namespaces need root (ip netns add)"
-    missing = sorted(
-        {PACKAGES[p] for p in PACKAGES if shutil.which(p) is None and not Path(p).exists()}
-    )
-    if not missing:
-        return None
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    # Waits for a concurrent apt/dpkg (another test worker's) instead of failing at once.
-    apt_get = ["apt-get", "-o", "DPkg::Lock::Timeout=600"]
-    for command in (
-        [*apt_get, "update"],
-        [*apt_get, "install", "-y", "--no-install-recommends", *missing],
-    ):
-        result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=900)
-        if result.returncode != 0:
-            raise ClusterError(
-                f"{' '.join(command)} failed:\n{result.stdout[-2000:]}{result.stderr[-2000:]}"
-            )
-    return None
+    return install_missing(PACKAGES)
 
 
 @dataclass

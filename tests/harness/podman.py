@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
+from tests.harness import system
+
 # The programs the tests need, and the Debian packages that bring them.
 PROGRAMS = {"podman": "podman", "runc": "runc", "debootstrap": "debootstrap"}
 # Why each setting: runc, because crun fails on the hybrid cgroup layout of these
@@ -52,16 +54,7 @@ APT_SOURCE_FILES = (Path("/etc/apt/sources.list"), Path("/etc/apt/sources.list.d
 
 
 class PodmanError(RuntimeError):
-    """podman, debootstrap or their installation failed; the message holds their output."""
-
-
-def _which(name: str) -> str | None:
-    # debootstrap lives in /usr/sbin, which a non-login PATH may lack.
-    return shutil.which(name, path=os.environ.get("PATH", "") + os.pathsep + "/usr/sbin:/sbin")
-
-
-def missing_programs() -> list[str]:
-    return [name for name in PROGRAMS if _which(name) is None]
+    """podman or debootstrap failed; the message holds their output."""
 
 
 def install_reason() -> str | None:
@@ -72,39 +65,15 @@ def install_reason() -> str | None:
         Otherwise why not, for a test skip.
 
     Raises:
-        PodmanError: apt-get was possible but failed (never a skip).
+        InstallError: apt-get was possible but failed (never a skip).
     """
-    packages = sorted({PROGRAMS[name] for name in missing_programs()})
     if os.geteuid() != 0:
         # Rootless podman needs subordinate id ranges set up per user, and the tests
         # hand output directories to other users: both need root.
+        packages = sorted({PROGRAMS[name] for name in system.missing_programs(list(PROGRAMS))})
         install = f", and `apt-get install {' '.join(packages)}`" if packages else ""
         return f"the container image tests need root (podman as root){install}"
-    if not packages:
-        return None
-    if _which("apt-get") is None:
-        raise PodmanError(f"{', '.join(missing_programs())} missing and no apt-get here")
-    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-    # Waits for a concurrent apt/dpkg (e.g. `make install`) instead of failing at once.
-    apt_get = ["apt-get", "-o", "DPkg::Lock::Timeout=600"]
-    install_command = [*apt_get, "install", "-y", "-qq", "--no-install-recommends", *packages]
-    result = subprocess.run(install_command, env=env, capture_output=True, text=True, check=False)
-    if result.returncode != 0:
-        # The package lists of a fresh machine may be empty or stale: update once.
-        update = subprocess.run(
-            [*apt_get, "update", "-qq"], env=env, capture_output=True, text=True, check=False
-        )
-        result = subprocess.run(
-            install_command, env=env, capture_output=True, text=True, check=False
-        )
-        if result.returncode != 0:
-            raise PodmanError(
-                f"apt-get install {' '.join(packages)} failed (exit {result.returncode}):\n"
-                f"{update.stderr[-2000:]}{result.stdout[-2000:]}{result.stderr[-2000:]}"
-            )
-    if missing_programs():
-        raise PodmanError(f"installed {packages} but {missing_programs()} still missing")
-    return None
+    return system.install_missing(PROGRAMS)
 
 
 @dataclass(frozen=True)
@@ -252,7 +221,7 @@ class Podman:
         try:
             result = subprocess.run(
                 [
-                    _which("debootstrap") or "debootstrap",
+                    system.which("debootstrap") or "debootstrap",
                     "--variant=minbase",
                     release,
                     str(rootfs),

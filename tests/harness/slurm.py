@@ -6,9 +6,10 @@ Debian's `slurm-wlm` and `munge` daemons are started from a private directory: t
 munge key and socket, slurm.conf, state, spool, pid and log files all live there,
 the ports are free ones picked at start, and every client finds the config through
 `SLURM_CONF`. So a test never reads or changes a system configuration, and a
-machine that already runs Slurm or munge is left alone.
+machine that already runs Slurm or munge is left alone. The project's `slurm/`
+batch scripts are submitted to it (`run_script`) with the variables a test gives.
 
-    python -m tests.integration.slurm_cluster DIR [--check]  # start; Ctrl-C stops
+    python -m tests.harness.slurm DIR [--check]  # start; Ctrl-C stops
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ import argparse
 import getpass
 import os
 import re
-import shutil
 import signal
 import socket
 import subprocess
@@ -26,42 +26,28 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
+from dlrm.app.records import read_records
+from tests.harness import system
 from tests.harness.netns import NetnsCluster
+from tests.harness.processes import REPO
 
-# The programs a cluster needs; the packages that bring them.
-SLURM_PROGRAMS = ("munged", "slurmctld", "slurmd", "sbatch", "srun", "scontrol", "scancel")
-APT_PACKAGES = ("slurm-wlm", "munge")
+# The programs a cluster needs, and the Debian packages that bring them.
+PACKAGES = {"munged": "munge"} | {
+    name: "slurm-wlm" for name in ("slurmctld", "slurmd", "sbatch", "srun", "scontrol", "scancel")
+}
 # srun's listening ports on a multi-node cluster (SrunPortRange): slurmd on each
 # node connects back to them, so a firewall between nodes must open this range.
 SRUN_PORTS = (60001, 61000)
-TERMINAL_STATES = frozenset(
-    {
-        "BOOT_FAIL",
-        "CANCELLED",
-        "COMPLETED",
-        "DEADLINE",
-        "FAILED",
-        "NODE_FAIL",
-        "OUT_OF_MEMORY",
-        "PREEMPTED",
-        "TIMEOUT",
-    }
-)
+TERMINAL_STATES = frozenset({
+    "BOOT_FAIL", "CANCELLED", "COMPLETED", "DEADLINE", "FAILED", "NODE_FAIL", "OUT_OF_MEMORY",
+    "PREEMPTED", "TIMEOUT",
+})  # fmt: skip
 
 
 class SlurmClusterError(RuntimeError):
     """The local cluster could not be installed, started or asked about a job."""
-
-
-def missing_programs() -> list[str]:
-    return [name for name in SLURM_PROGRAMS if _which(name) is None]
-
-
-def _which(name: str) -> str | None:
-    # Daemons live in /usr/sbin, which a non-login PATH may lack.
-    path = os.environ.get("PATH", "") + os.pathsep + "/usr/sbin:/sbin"
-    return shutil.which(name, path=path)
 
 
 def install_reason() -> str | None:
@@ -72,45 +58,9 @@ def install_reason() -> str | None:
         installed (not root and no password-less sudo), for a test skip.
 
     Raises:
-        SlurmClusterError: apt-get was possible but failed (never a skip).
+        InstallError: apt-get was possible but failed (never a skip).
     """
-    if not missing_programs():
-        return None
-    if os.geteuid() == 0:
-        prefix: list[str] = []
-    elif shutil.which("sudo") and _quiet(["sudo", "-n", "true"]):
-        prefix = ["sudo", "-n"]
-    else:
-        return (
-            f"Slurm is not installed ({', '.join(missing_programs())} missing) and this user "
-            f"can neither apt-get as root nor sudo: run `apt-get install {' '.join(APT_PACKAGES)}`"
-        )
-    if shutil.which("apt-get") is None:
-        raise SlurmClusterError(f"{', '.join(missing_programs())} missing and no apt-get here")
-    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-    # Waits for a concurrent apt/dpkg (e.g. `make install`) instead of failing at once.
-    apt_get = [*prefix, "apt-get", "-o", "DPkg::Lock::Timeout=600"]
-    install = [*apt_get, "install", "-y", "-qq", "--no-install-recommends"]
-    # The package lists of a fresh image may be empty or stale: update once on failure.
-    if not _quiet([*install, *APT_PACKAGES], env=env):
-        update = subprocess.run(
-            [*apt_get, "update", "-qq"], env=env, capture_output=True, text=True, check=False
-        )
-        result = subprocess.run(
-            [*install, *APT_PACKAGES], env=env, capture_output=True, text=True, check=False
-        )
-        if result.returncode != 0:
-            raise SlurmClusterError(
-                f"apt-get install {' '.join(APT_PACKAGES)} failed (exit {result.returncode}):\n"
-                f"{update.stderr[-2000:]}{result.stdout[-2000:]}{result.stderr[-2000:]}"
-            )
-    if missing_programs():
-        raise SlurmClusterError(f"installed {APT_PACKAGES} but {missing_programs()} still missing")
-    return None
-
-
-def _quiet(command: Sequence[str], env: dict[str, str] | None = None) -> bool:
-    return subprocess.run(command, env=env, capture_output=True, check=False).returncode == 0
+    return system.install_missing(PACKAGES)
 
 
 def _free_port() -> int:
@@ -529,9 +479,9 @@ def start_multi_node_cluster(
 
 
 def _program(name: str) -> str:
-    found = _which(name)
+    found = system.which(name)
     if found is None:
-        raise SlurmClusterError(f"{name} not found: install {' '.join(APT_PACKAGES)}")
+        raise SlurmClusterError(f"{name} not found: install {PACKAGES[name]}")
     return found
 
 
@@ -541,6 +491,74 @@ def tail(path: Path, characters: int = 6000) -> str:
         return f"<no output file {path}>"
     text = path.read_text(errors="replace")
     return f"--- {path} (last {characters} characters)\n{text[-characters:]}"
+
+
+# The variables the `slurm/` scripts read: a job gets them from the test alone.
+SCRIPT_VARIABLES = frozenset({
+    "BATCH_SIZE", "CHECKPOINT_DIR", "CONTAINER_IMAGE", "CONTAINER_MOUNTS", "CONTAINER_WORKDIR",
+    "DATASET_PATH", "DLRM_HOME", "DLRM_PYTHON", "DRIVER_MEMORY", "EXECUTOR_MEMORY",
+    "FREQUENCY_THRESHOLD", "HOROVODRUN", "HOROVODRUN_ARGS", "INPUT_DIR", "OUTPUT_DIR",
+    "RESTORE_CHECKPOINT", "SPARK_LOCAL_DIR", "SPARK_MASTER", "SPARK_MASTER_PORT",
+    "SPARK_STANDALONE", "SRUN_ARGS", "SRUN_MPI",
+})  # fmt: skip
+# 2 cores run two TensorFlow processes (each ~10 s to import) and the daemons.
+JOB_TIMEOUT = 600.0
+
+
+def start_script(
+    cluster: SlurmCluster,
+    script: str,
+    output: Path,
+    environment: dict[str, str],
+    arguments: list[str],
+    sbatch_options: tuple[str, ...] = ("--ntasks=2",),
+    nodes: int = 1,
+) -> int:
+    """Submits `slurm/<script>` on `nodes` nodes from the repo root (the default
+    DLRM_HOME); the job's id. The scripts' variables come from `environment` alone,
+    never from the caller's shell."""
+    inherited = {k: v for k, v in cluster.env.items() if k not in SCRIPT_VARIABLES}
+    return cluster.sbatch(
+        [
+            *sbatch_options,
+            f"--nodes={nodes}",
+            "--time=20",
+            f"--output={output}",
+            str(REPO / "slurm" / script),
+            *arguments,
+        ],
+        env={**inherited, "DLRM_PYTHON": sys.executable, **environment},
+        cwd=REPO,
+    )
+
+
+def run_script(
+    cluster: SlurmCluster,
+    script: str,
+    output: Path,
+    environment: dict[str, str],
+    arguments: list[str],
+    sbatch_options: tuple[str, ...] = ("--ntasks=2",),
+    nodes: int = 1,
+) -> dict[str, str]:
+    """`start_script`, then waits for the end: `scontrol show job`'s fields."""
+    job_id = start_script(cluster, script, output, environment, arguments, sbatch_options, nodes)
+    return cluster.wait_for_job(job_id, timeout=JOB_TIMEOUT)
+
+
+def assert_completed(job: dict[str, str], output: Path) -> None:
+    assert (job.get("JobState"), job.get("ExitCode")) == ("COMPLETED", "0:0"), (
+        f"job {job.get('JobId')}: {job.get('JobState')} exit {job.get('ExitCode')}\n{tail(output)}"
+    )
+
+
+def job_summary(log: Path, output: Path) -> dict[str, Any]:
+    """The last summary record of a job's metrics log; failing with the end of its
+    output file when there is none."""
+    assert log.is_file(), f"no metrics log {log}\n{tail(output)}"
+    summaries = read_records(log, "summary")
+    assert summaries, f"no summary record in {log}\n{tail(output)}"
+    return summaries[-1]
 
 
 def start_cluster(root: Path, cpus: int = 2) -> SlurmCluster:

@@ -1,8 +1,8 @@
 """What a user must not see at default verbosity: lines they cannot act on.
 
-Each pattern is one kind of start-up or framework boilerplate that the product
-used to print (TensorFlow's C++ logging, AutoGraph's conversion warnings,
-absl's pre-init notice, Spark's and Horovod's launch chatter)."""
+Each pattern is one kind of start-up or framework boilerplate that the product's
+libraries print unless told not to (TensorFlow's C++ logging, AutoGraph's conversion
+warnings, absl's pre-init notice, Spark's and Horovod's launch chatter)."""
 
 from __future__ import annotations
 

@@ -3,12 +3,11 @@ local preprocessing run, and a Spark driver JVM given it maps its classes from i
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.harness.processes import run
 
 # A local Spark session in a child process (its own JVM), with the archive required
 # (`-Xshare:on` stops the JVM when it cannot map it) and the class loads logged.
@@ -29,14 +28,7 @@ spark.stop()
 
 
 def build(archive: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "preproc.class_archive", "--output", str(archive)],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    return run([sys.executable, "-m", "preproc.class_archive", "--output", str(archive)], 600, env)
 
 
 def test_archive_is_written_whole_and_maps_sparks_classes(tmp_path: Path) -> None:
@@ -49,14 +41,7 @@ def test_archive_is_written_whole_and_maps_sparks_classes(tmp_path: Path) -> Non
     assert "[warning][cds]" not in built.stdout + built.stderr  # CDS's own lines are off
 
     log = tmp_path / "classes.log"
-    used = subprocess.run(
-        [sys.executable, "-c", USE_ARCHIVE, str(archive), str(log)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert used.returncode == 0, used.stderr[-3000:]
+    used = run([sys.executable, "-c", USE_ARCHIVE, str(archive), str(log)], timeout=300, check=True)
     assert "rows 499500" in used.stdout
     lines = log.read_text().splitlines()
     shared = [line for line in lines if "source: shared objects file (top)" in line]
@@ -80,8 +65,7 @@ def test_a_failed_build_leaves_the_previous_archive_as_it_was(tmp_path: Path) ->
     archive = tmp_path / "spark-classes.jsa"
     archive.write_bytes(b"the previous archive")
     # Every JVM of the build (Spark's launcher first) refuses to start.
-    env = dict(os.environ, JDK_JAVA_OPTIONS="-XX:+DlrmNoSuchOption")
-    built = build(archive, env)
+    built = build(archive, {"JDK_JAVA_OPTIONS": "-XX:+DlrmNoSuchOption"})
     assert built.returncode == 1
     assert "[class_archive] no archive written:" in built.stderr
     assert archive.read_bytes() == b"the previous archive"

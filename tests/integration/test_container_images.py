@@ -34,30 +34,18 @@ from pathlib import Path
 import pytest
 import tensorflow as tf
 
+from dlrm.app.records import last_record
 from feature_spec import FeatureSpec
+from tests.harness.models import JOB_FLAGS, JOB_STEPS, JOB_TABLES
 from tests.harness.podman import Podman, install_reason
-from tests.harness.processes import REPO
+from tests.harness.processes import REPO, on_ranks, run
 
 WHEELHOUSE = REPO / "docker" / "wheelhouse"
 TRAINING_IMAGE = "dlrm-hybrid:cpu"
 SPARK_IMAGE = "dlrm-spark"
 IMAGE_USER = 1000  # the user the Dockerfiles create and run as
 HOST_USER = 4321  # a host user (uid = gid) the images have no entry for
-STEPS = 20
 ROWS_PER_DAY = 5000
-TRAIN_FLAGS = [
-    "--batch_size=512",
-    "--embedding_dim=8",
-    "--bottom_mlp_dims=16,8",
-    "--top_mlp_dims=16,1",
-    f"--max_steps={STEPS}",
-    "--learning_rate=0.1",
-    "--warmup_steps=0",
-    "--decay_start_step=0",
-    "--print_freq=10",
-    # Tables 1000 and 5000 model-parallel (alltoall between the ranks), the others replicated.
-    "--data_parallel_threshold=500",
-]
 # Seconds: builds on 2 shared cores (docs/docker.md has the measured times).
 BUILD_TIMEOUT = 1800
 RUN_TIMEOUT = 600
@@ -84,8 +72,7 @@ def synthetic(*args: str, output: Path) -> Path:
     """`dlrm-synthetic ARGS --output_dir OUTPUT` on the host (the venv's command), its
     output made readable by every user: the containers read it as other users."""
     command = [str(Path(sys.executable).parent / "dlrm-synthetic"), *args, f"--output_dir={output}"]
-    result = subprocess.run(command, capture_output=True, text=True, timeout=300, check=False)
-    assert result.returncode == 0, f"{command}:\n{result.stdout[-3000:]}{result.stderr[-3000:]}"
+    run(command, timeout=300, check=True)
     for path in [output, *output.rglob("*")]:
         path.chmod(path.stat().st_mode | stat.S_IROTH | (stat.S_IXOTH if path.is_dir() else 0))
     return output
@@ -217,26 +204,19 @@ def test_training_image_trains_two_ranks_and_exports(podman: Podman, training_im
         "dataset",
         "--train_rows=20000",
         "--test_rows=4000",
-        "--cardinalities=23,200,1000,7,5000,90",
+        f"--cardinalities={','.join(map(str, JOB_TABLES))}",
         output=podman.root / "dataset",
     )
     runs = owned_directory(podman.root / "runs", HOST_USER)
+    train = ["dlrm-train", "--dataset_path=/data/synthetic", *JOB_FLAGS]
     output = run_container(
         podman,
         training_image,
         f"--volume={dataset}:/data/synthetic:ro",
         f"--volume={runs}:/runs",
         "--",
-        "horovodrun",
-        "--gloo",
-        "-np",
-        "2",
-        "-H",
-        "localhost:2",
-        "dlrm-train",
-        "--dataset_path=/data/synthetic",
-        "--save_checkpoint_path=/runs/checkpoints",
-        *TRAIN_FLAGS,
+        # The image's horovodrun.
+        *on_ranks(2, [*train, "--save_checkpoint_path=/runs/checkpoints"], launcher="horovodrun"),
         user=HOST_USER,
     )
     assert_owned_and_readable(runs, HOST_USER)
@@ -244,11 +224,8 @@ def test_training_image_trains_two_ranks_and_exports(podman: Podman, training_im
     written = sorted(checkpoints.glob("step_*"))
     assert written, f"no step_* checkpoint in {checkpoints}\n{output[-3000:]}"
     manifest = json.loads((written[-1] / "manifest.json").read_text())
-    assert (manifest["step"], manifest["world_size"]) == (STEPS, 2), output[-3000:]
-    records = [
-        json.loads(line) for line in (checkpoints / "metrics.jsonl").read_text().splitlines()
-    ]
-    summary = [r for r in records if r["event"] == "summary"][-1]
+    assert (manifest["step"], manifest["world_size"]) == (JOB_STEPS, 2), output[-3000:]
+    summary = last_record(checkpoints / "metrics.jsonl", "summary")
     assert summary["world_size"] == 2 and summary["samples"] == 4000, summary
 
     # The export as the image's own user, from the checkpoint mounted read-only.

@@ -8,38 +8,21 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-import pytest
-
-from dataloading.synthetic import generate_split_binary
+from dlrm.app.records import last_record, read_records
 from dlrm.checkpoint.reader import Checkpoint
 from feature_spec import (
     CRITEO_1TB_MLPERF_CARDINALITIES,
     MLPERF_DCNV2_MULTI_HOT_SIZES,
     FeatureSpec,
 )
-from tests.harness.processes import run
-from tests.integration.test_training import (
-    assert_export_serves_like_the_checkpoint,
-    main_py,
-    records,
-    summary,
-)
+from tests.harness.datasets import dataset_fixture
+from tests.harness.export import assert_export_serves_like_the_checkpoint
+from tests.harness.models import ADAM_FLAGS, EIGHT_TABLES
+from tests.harness.processes import main_py, run
 
-CARDINALITIES = (50, 200, 1000, 30, 5000, 7, 400, 90)
 # One epoch over fresh rows, as click logs are trained: 234 steps of 1024.
 TRAIN_ROWS = 240_000
-COMMON = [
-    "--batch_size=1024",
-    "--optimizer=adam",
-    "--learning_rate=0.01",
-    "--warmup_steps=0",
-    "--decay_start_step=0",
-    "--bottom_mlp_dims=32,8",
-    "--top_mlp_dims=32,1",
-    "--epochs=1",
-    "--evals_per_epoch=4",
-    "--print_freq=50",
-]
+COMMON = [*ADAM_FLAGS, "--epochs=1", "--evals_per_epoch=4", "--print_freq=50"]
 DOT = ["--embedding_dim=8"]
 # The default cross network: 3 layers; projection 512 is not below the width
 # (8 + 8 x 8 = 72), so the layers are full rank.
@@ -51,21 +34,12 @@ PER_TABLE = ["--interaction=cross", "--embedding_dim=4,8,8,4,16,4,12,8"]
 SEED_SPREAD = 0.002
 
 
-@pytest.fixture(scope="module")
-def dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("data") / "synthetic"
-    generate_split_binary(
-        path, CARDINALITIES, 5, rows={"train": TRAIN_ROWS, "test": 20_000}, seed=3
-    )
-    return path
+dataset = dataset_fixture(EIGHT_TABLES, 5, {"train": TRAIN_ROWS, "test": 20_000}, seed=3)
 
 
 def eval_aucs(dataset: Path, log: Path, *flags: str) -> list[float]:
-    code, stdout, stderr = main_py(
-        f"--dataset_path={dataset}", *COMMON, *flags, f"--log_path={log}"
-    )
-    assert code == 0, stderr + stdout
-    return [r["auc"] for r in records(log) if r["event"] == "eval"]
+    main_py(1, f"--dataset_path={dataset}", *COMMON, *flags, f"--log_path={log}", check=True)
+    return [r["auc"] for r in read_records(log, "eval")]
 
 
 def test_cross_learns_the_teacher_as_well_as_dot(dataset: Path, tmp_path: Path) -> None:
@@ -83,7 +57,8 @@ def test_per_table_widths_export_and_serve_in_a_fresh_process(
     dataset: Path, tmp_path: Path
 ) -> None:
     out = tmp_path / "checkpoints"
-    code, stdout, stderr = main_py(
+    main_py(
+        1,
         f"--dataset_path={dataset}",
         *COMMON,
         *PER_TABLE,
@@ -91,9 +66,9 @@ def test_per_table_widths_export_and_serve_in_a_fresh_process(
         "--cross_layer_projection_dim=16",  # low rank: 16 < 8 + 64
         "--max_steps=40",
         f"--save_checkpoint_path={out}",
+        check=True,
     )
-    assert code == 0, stderr + stdout
-    assert summary(out / "metrics.jsonl")["auc"] > 0.7
+    assert last_record(out / "metrics.jsonl", "summary")["auc"] > 0.7
     checkpoint = Checkpoint(out)  # the newest
     manifest = checkpoint.manifest["model"]
     assert manifest["interaction"] == "cross"
@@ -106,25 +81,25 @@ def test_per_table_widths_export_and_serve_in_a_fresh_process(
 
 def test_a_cross_checkpoint_is_refused_by_a_dot_run(dataset: Path, tmp_path: Path) -> None:
     out = tmp_path / "checkpoints"
-    code, stdout, stderr = main_py(
-        f"--dataset_path={dataset}", *COMMON, *CROSS, "--max_steps=2",
+    main_py(
+        1, f"--dataset_path={dataset}", *COMMON, *CROSS, "--max_steps=2",
         f"--save_checkpoint_path={out}",
+        check=True,
     )  # fmt: skip
-    assert code == 0, stderr + stdout
-    code, _, stderr = main_py(
-        f"--dataset_path={dataset}", *COMMON, *DOT, "--max_steps=4",
+    result = main_py(
+        1, f"--dataset_path={dataset}", *COMMON, *DOT, "--max_steps=4",
         f"--restore_checkpoint_path={out}",
     )  # fmt: skip
-    assert code == 1
-    assert "interaction: checkpoint 'cross', this run 'dot'" in stderr, stderr
-    assert "Traceback" not in stderr
+    assert result.returncode == 1
+    assert "interaction: checkpoint 'cross', this run 'dot'" in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr
 
 
 def test_the_scaled_down_mlperf_dcnv2_configuration_learns(tmp_path: Path) -> None:
     """dlrm/flagfiles/mlperf_dcnv2_small.flags on the dataset its comment makes
     (fewer rows: 48 steps), as a user runs them."""
     data = tmp_path / "mlperf_small"
-    result = run(
+    run(
         [
             sys.executable,
             "-m",
@@ -135,19 +110,20 @@ def test_the_scaled_down_mlperf_dcnv2_configuration_learns(tmp_path: Path) -> No
             "--test_rows=20000",
         ],
         timeout=300,
+        check=True,
     )
-    assert result.returncode == 0, result.stderr
     spec = FeatureSpec.load(data / "feature_spec.yaml")
     assert spec.hotness == MLPERF_DCNV2_MULTI_HOT_SIZES and max(spec.hotness) == 100
     assert spec.cardinalities == tuple(min(c, 2000) for c in CRITEO_1TB_MLPERF_CARDINALITIES)
     log = tmp_path / "metrics.jsonl"
-    code, stdout, stderr = main_py(
+    main_py(
+        1,
         "--flagfile=dlrm/flagfiles/mlperf_dcnv2_small.flags",
         f"--dataset_path={data}",
         f"--log_path={log}",
+        check=True,
     )
-    assert code == 0, stderr + stdout
-    result_summary = summary(log)
+    result_summary = last_record(log, "summary")
     assert result_summary["steps"] == 200_000 // 4096
     # Measured 0.824 after 48 steps (0.835 after 97); untrained about 0.5.
     assert result_summary["auc"] > 0.78, result_summary

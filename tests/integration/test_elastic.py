@@ -1,4 +1,4 @@
-"""Horovod Elastic on three network-namespace hosts (tests/integration/netns_cluster.py),
+"""Horovod Elastic on three network-namespace hosts (tests/harness/netns.py),
 one rank each: `horovodrun --gloo --host-discovery-script ... --min-np M` runs
 main.py, and node3 fails mid-epoch. The survivors continue from the newest
 checkpoint on 2 ranks, node3 joins again when the discovery script lists it after
@@ -18,24 +18,24 @@ from pathlib import Path
 
 import pytest
 
-from dataloading.synthetic import generate_split_binary
 from dlrm.checkpoint.format import list_checkpoints
 from dlrm.checkpoint.reader import Checkpoint
 from tests.harness.checkpoints import assert_identical
+from tests.harness.datasets import dataset_fixture
 from tests.harness.elastic_job import ElasticJob
+from tests.harness.models import MIXED_PLAN_FLAGS
 from tests.harness.netns import NetnsCluster, netns_cluster
-from tests.integration.test_hybrid_main import FLAGS as HYBRID_MAIN_FLAGS
 
 HOSTS = ("node1", "node2", "node3")
 CARDINALITIES = (50, 200, 1000, 30, 5000, 7)
 # 12 checkpoints: a failure after the first or second, and (for the host that comes
-# back) enough checkpoints left for horovodrun to list it again before the end. With
-# 120 steps the 2-rank world once finished (100 steps in 4.6 s) before node3 was back.
+# back) enough checkpoints left for horovodrun to list it again before the end: 100
+# steps on 2 ranks can take 4.6 s, less than node3 needs to come back.
 STEPS, EVERY, BATCH = 240, 20, 768  # the batch divides by 3 and 2 ranks
-# The N-rank tests' model (tables 2 and 4 model-parallel, resharded per world); the
-# flags given later win. Every checkpoint is kept: each world's are compared.
+# Tables 2 and 4 model-parallel, resharded per world. Every checkpoint is kept: each
+# world's are compared.
 FLAGS = [
-    *HYBRID_MAIN_FLAGS,
+    *MIXED_PLAN_FLAGS,
     f"--batch_size={BATCH}",
     "--print_freq=5",
     f"--max_steps={STEPS}",
@@ -57,11 +57,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NetnsCluster]:
     yield from netns_cluster(tmp_path_factory, hosts=3, tag=f"elastic{os.getpid() % 100000}")
 
 
-@pytest.fixture(scope="module")
-def dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("elastic") / "data"
-    generate_split_binary(path, CARDINALITIES, 5, rows={"train": 200_000, "test": 6_000}, seed=3)
-    return path
+dataset = dataset_fixture(CARDINALITIES, 5, {"train": 200_000, "test": 6_000}, seed=3)
 
 
 def elastic_job(

@@ -12,14 +12,13 @@ import numpy as np
 from dataloading.synthetic import generate_split_binary
 from dlrm.distributed.devices import cpu_slice
 from feature_spec import FeatureSpec
-from tests.harness.processes import horovodrun, run
+from tests.harness.processes import horovodrun, on_ranks, run
 
 GLOBAL_BATCH = 48
 
 
 def test_check_build_lists_tensorflow_and_gloo() -> None:
-    result = run([horovodrun(), "--check-build"], timeout=120)
-    assert result.returncode == 0, result.stderr
+    result = run([horovodrun(), "--check-build"], timeout=120, check=True)
     assert "[X] TensorFlow" in result.stdout
     assert "[X] Gloo" in result.stdout
 
@@ -35,8 +34,7 @@ def test_the_launcher_checks_the_build_without_importing_tensorflow() -> None:
         "print(library.gloo_built(), 'tensorflow' in sys.modules)\n"
         "print(util.gloo_built(), util.mpi_built() == library.mpi_built())\n"
     )
-    result = run([sys.executable, "-c", program], timeout=120)
-    assert result.returncode == 0, result.stderr[-3000:]
+    result = run([sys.executable, "-c", program], timeout=120, check=True)
     assert result.stdout.split() == ["True", "False", "True", "True"], result.stdout
 
 
@@ -46,12 +44,11 @@ def test_two_gloo_ranks_read_their_shards(tmp_path: Path) -> None:
     out = tmp_path / "out"
     out.mkdir()
     script = "tests/integration/scripts/read_shards.py"
-    result = run(
-        [horovodrun(), "--gloo", "-np", "2", "-H", "localhost:2", sys.executable, script,
-         str(dataset), str(out), str(GLOBAL_BATCH)],
+    run(
+        on_ranks(2, [sys.executable, script, str(dataset), str(out), str(GLOBAL_BATCH)]),
         timeout=300,
-    )  # fmt: skip
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+        check=True,
+    )
     spec = FeatureSpec.load(dataset)
     files = spec.files("train")
     batches = 500 // GLOBAL_BATCH
@@ -79,7 +76,7 @@ def test_ranks_on_one_host_share_its_cpus(tmp_path: Path) -> None:
     as intra-op threads. Horovod gets its CPU cycle time. The user's
     TF_NUM_INTRAOP_THREADS and HOROVOD_CYCLE_TIME win."""
     script = "tests/integration/scripts/thread_share.py"
-    command = [horovodrun(), "--gloo", "-np", "2", "-H", "localhost:2", sys.executable, script]
+    command = on_ranks(2, [sys.executable, script])
     bound, shared, chosen = tmp_path / "bound", tmp_path / "shared", tmp_path / "chosen"
     chosen_env = {"TF_NUM_INTRAOP_THREADS": "3", "HOROVOD_CYCLE_TIME": "7"}
     for out, env, flags in (
@@ -88,8 +85,7 @@ def test_ranks_on_one_host_share_its_cpus(tmp_path: Path) -> None:
         (chosen, chosen_env, []),
     ):
         out.mkdir()
-        result = run([*command, str(out), *flags], timeout=300, env=env)
-        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+        run([*command, str(out), *flags], timeout=300, env=env, check=True)
     host = sorted(os.sched_getaffinity(0))
     # A launcher or container that restricted the CPUs leaves the binding to it.
     binds = len(host) == os.cpu_count()

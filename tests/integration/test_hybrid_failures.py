@@ -5,7 +5,6 @@ whose checkpoint write or restore fails."""
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
@@ -16,15 +15,24 @@ import time
 from pathlib import Path
 
 import numpy as np
-import pytest
 
-from dataloading.synthetic import generate_split_binary
+from dlrm.app.records import read_records
 from dlrm.checkpoint.reader import Checkpoint
 from dlrm.embedding.planner.placement import PlannerConfig, plan_sharding
 from dlrm.embedding.planner.plan import ShardingPlan
 from dlrm.embedding.planner.types import TableSpec
 from feature_spec import FeatureSpec
-from tests.harness.processes import REPO, horovodrun, process_env, run
+from tests.harness.datasets import dataset_fixture
+from tests.harness.processes import (
+    has_exited,
+    main_py,
+    main_py_command,
+    on_ranks,
+    rank_pids,
+    run,
+    started,
+    wait_for,
+)
 
 CARDINALITIES = (40, 300, 7, 1000)
 DIM = 8
@@ -42,22 +50,11 @@ MODEL = [
 EXIT_LIMIT_S = 60
 
 
-@pytest.fixture(scope="module")
-def dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("data") / "synthetic"
-    generate_split_binary(path, CARDINALITIES, 4, rows={"train": 200_000, "test": 2_000}, seed=5)
-    return path
-
-
-def two_ranks(*args: str) -> list[str]:
-    return [horovodrun(), "--gloo", "-np", "2", "-H", "localhost:2", sys.executable, *args]
+dataset = dataset_fixture(CARDINALITIES, 4, {"train": 200_000, "test": 2_000}, seed=5)
 
 
 def test_batch_that_does_not_divide_stops_every_rank(dataset: Path) -> None:
-    result = run(
-        two_ranks("main.py", f"--dataset_path={dataset}", "--batch_size=1025", *MODEL),
-        timeout=120,
-    )
+    result = main_py(2, f"--dataset_path={dataset}", "--batch_size=1025", *MODEL, timeout=120)
     assert result.returncode != 0
     output = result.stdout + result.stderr
     message = (
@@ -73,14 +70,12 @@ def test_plan_for_another_world_size_is_refused(dataset: Path, tmp_path: Path) -
     tables = [TableSpec(rows, DIM) for rows in CARDINALITIES]
     plan_file = tmp_path / "plan.json"
     plan_sharding(tables, PlannerConfig(world_size=3)).save(plan_file)
-    result = run(
-        two_ranks(
-            "main.py",
-            f"--dataset_path={dataset}",
-            "--batch_size=1024",
-            f"--sharding_plan={plan_file}",
-            *MODEL,
-        ),
+    result = main_py(
+        2,
+        f"--dataset_path={dataset}",
+        "--batch_size=1024",
+        f"--sharding_plan={plan_file}",
+        *MODEL,
         timeout=120,
     )
     assert result.returncode != 0
@@ -89,75 +84,36 @@ def test_plan_for_another_world_size_is_refused(dataset: Path, tmp_path: Path) -
     assert output.count(message) == 2, output[-3000:]
 
 
-def rank_processes(rank: int, marker: str) -> list[int]:
-    """Pids of processes with HOROVOD_RANK=`rank` whose command line has `marker`."""
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
-            environ = (entry / "environ").read_bytes().split(b"\0")
-        except OSError:  # gone, or not ours to read
-            continue
-        if marker in command and f"HOROVOD_RANK={rank}".encode() in environ:
-            pids.append(int(entry.name))
-    return pids
-
-
 def test_a_killed_rank_makes_the_other_exit(dataset: Path, tmp_path: Path) -> None:
     output = tmp_path / "run"
     log = tmp_path / "horovodrun.log"
-    command = two_ranks(
-        "main.py",
+    command = main_py_command(
+        2,
         f"--dataset_path={dataset}",
         "--batch_size=256",
         "--print_freq=1",
         f"--save_checkpoint_path={output}",
         *MODEL,
     )
-    with log.open("w") as sink:
-        launcher = subprocess.Popen(
-            command, cwd=REPO, env=process_env(), stdout=sink, stderr=subprocess.STDOUT
+    with started(command, log) as launcher:
+        # Until both ranks are training: rank 0 has logged a few steps.
+        wait_for(
+            lambda: len(read_records(output / "metrics.jsonl", "train")) >= 3, launcher, 180, log
         )
-        try:
-            # Wait until both ranks are training: rank 0 has logged a few steps.
-            metrics = output / "metrics.jsonl"
-            deadline = time.monotonic() + 180
-            while time.monotonic() < deadline and launcher.poll() is None:
-                if metrics.exists():
-                    events = [json.loads(x)["event"] for x in metrics.read_text().splitlines()]
-                    if events.count("train") >= 3:
-                        break
-                time.sleep(0.5)
-            else:
-                pytest.fail(f"training did not start; log:\n{log.read_text()[-3000:]}")
-            survivors = rank_processes(0, str(output))
-            victims = rank_processes(1, str(output))
-            assert len(survivors) == 1 and len(victims) == 1, (survivors, victims)
-            os.kill(victims[0], signal.SIGKILL)
-            killed_at = time.monotonic()
-            returncode = launcher.wait(timeout=EXIT_LIMIT_S)
-            elapsed = time.monotonic() - killed_at
-        finally:
-            if launcher.poll() is None:
-                launcher.kill()
-                launcher.wait()
+        survivors = rank_pids(0, str(output))
+        victims = rank_pids(1, str(output))
+        assert len(survivors) == 1 and len(victims) == 1, (survivors, victims)
+        os.kill(victims[0], signal.SIGKILL)
+        killed_at = time.monotonic()
+        returncode = launcher.wait(timeout=EXIT_LIMIT_S)
+        elapsed = time.monotonic() - killed_at
     print(f"horovodrun exited {returncode} {elapsed:.1f} s after rank 1 was killed")
     assert returncode != 0, log.read_text()[-3000:]
     assert elapsed < EXIT_LIMIT_S
     # The surviving rank is gone too, not left hanging in a collective.
-    assert not Path(f"/proc/{survivors[0]}").exists() or _is_zombie(survivors[0])
+    assert has_exited(survivors[0])
     # Rank 0 never reported success.
-    events = [json.loads(x)["event"] for x in (output / "metrics.jsonl").read_text().splitlines()]
-    assert "summary" not in events
-
-
-def _is_zombie(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] == "Z"
-    except OSError:
-        return True
+    assert not read_records(output / "metrics.jsonl", "summary")
 
 
 # Small tables replicated, the others model-parallel: each rank holds shards.
@@ -169,7 +125,7 @@ FAILURE_LIMIT_S = 60
 
 def per_rank(command: str) -> list[str]:
     """horovodrun -np 2 of a shell command, where ${HOROVOD_RANK} differs by rank."""
-    return [horovodrun(), "--gloo", "-np", "2", "-H", "localhost:2", "bash", "-c", command]
+    return on_ranks(2, ["bash", "-c", command])
 
 
 def timed(command: list[str], limit: float = 240) -> tuple[subprocess.CompletedProcess[str], float]:
@@ -240,7 +196,7 @@ def test_an_id_outside_its_table_stops_training_naming_table_file_and_row(
     ids[1500] = 40
     ids.tofile(path)
     result, elapsed = timed(
-        two_ranks("main.py", f"--dataset_path={bad}", *MIXED, *MODEL, "--max_steps=4")
+        main_py_command(2, f"--dataset_path={bad}", *MIXED, *MODEL, "--max_steps=4")
     )
     output = result.stdout + result.stderr
     assert result.returncode != 0
@@ -262,7 +218,7 @@ def test_a_rank_failing_to_save_or_restore_stops_every_rank(dataset: Path, tmp_p
     ]
     script = "tests/integration/scripts/fail_on_rank.py"
     # Rank 1's disk fills up while writing the second checkpoint.
-    result, elapsed = timed(two_ranks(script, "1", "save", "1", *flags))
+    result, elapsed = timed(on_ranks(2, [sys.executable, script, "1", "save", "1", *flags]))
     output = result.stdout + result.stderr
     assert result.returncode != 0
     steps = sorted(p.name for p in run_dir.iterdir() if p.name.startswith("step_"))
@@ -292,7 +248,7 @@ def test_a_rank_failing_to_save_or_restore_stops_every_rank(dataset: Path, tmp_p
         f"--restore_checkpoint_path={run_dir}",
         f"--sharding_plan={run_dir / 'sharding_plan.json'}",
     ]
-    result, elapsed = timed(two_ranks("main.py", *resume))
+    result, elapsed = timed(main_py_command(2, *resume))
     output = result.stdout + result.stderr
     assert result.returncode != 0
     message = f"failed on rank 1: CheckpointError: {target}: corrupted"

@@ -3,59 +3,35 @@ and checkpoints that move between 1 and 2 ranks."""
 
 from __future__ import annotations
 
-import json
+import os
 import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
-import psutil
 import pytest
 
-from dataloading.synthetic import generate_split_binary
+from dlrm.app.records import last_record, read_records
 from dlrm.checkpoint.reader import Checkpoint
 from dlrm.distributed.preemption import EXIT_PREEMPTED
 from dlrm.embedding.planner.placement import PlannerConfig, plan_sharding
 from dlrm.embedding.planner.plan import ShardingPlan
 from dlrm.embedding.planner.types import TableSpec
 from tests.harness.checkpoints import CROSS_WORLD, assert_close, assert_identical
-from tests.harness.processes import REPO, horovodrun, process_env, run
+from tests.harness.datasets import dataset_fixture
+from tests.harness.models import EIGHT_TABLES, MIXED_PLAN_FLAGS
+from tests.harness.processes import (
+    main_py,
+    main_py_command,
+    rank_pids,
+    started,
+    wait_for,
+)
 
-CARDINALITIES = (50, 200, 1000, 30, 5000, 7, 400, 90)
-FLAGS = [
-    "--batch_size=1024",
-    "--optimizer=adagrad",
-    "--learning_rate=0.05",
-    "--warmup_steps=0",
-    "--decay_start_step=0",
-    "--embedding_dim=8",
-    "--bottom_mlp_dims=32,8",
-    "--top_mlp_dims=32,1",
-    "--print_freq=10",
-    "--evals_per_epoch=0",
-    "--data_parallel_threshold=2000",  # a mixed plan: small tables replicated
-]
+dataset = dataset_fixture(EIGHT_TABLES, 5, {"train": 50_000, "test": 10_000}, seed=3)
 
 
-def main_py(ranks: int, *flags: str) -> None:
-    command = [sys.executable, "main.py", *FLAGS, *flags]
-    if ranks > 1:
-        command = [horovodrun(), "--gloo", "-np", str(ranks), "-H", f"localhost:{ranks}", *command]
-    result = run(command, timeout=300)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-
-
-def summary(log: Path) -> dict:
-    records = [json.loads(line) for line in log.read_text().splitlines()]
-    return [r for r in records if r["event"] == "summary"][-1]
-
-
-@pytest.fixture(scope="module")
-def dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("data") / "synthetic"
-    generate_split_binary(path, CARDINALITIES, 5, rows={"train": 50_000, "test": 10_000}, seed=3)
-    return path
+def train(ranks: int, *flags: str) -> None:
+    """main.py of `MIXED_PLAN_FLAGS`, then `flags`, on `ranks` ranks; it must succeed."""
+    main_py(ranks, *MIXED_PLAN_FLAGS, *flags, check=True)
 
 
 def test_two_ranks_resume_a_one_rank_checkpoint_like_one_rank(
@@ -65,11 +41,11 @@ def test_two_ranks_resume_a_one_rank_checkpoint_like_one_rank(
     one, mixed = tmp_path / "one", tmp_path / "mixed"
     # 20 steps on one process, then 20 on 2 ranks (at most CROSS_WORLD_STEPS), against
     # 40 on one process.
-    main_py(1, data, "--max_steps=40", f"--save_checkpoint_path={one}")
-    main_py(1, data, "--max_steps=20", f"--save_checkpoint_path={mixed}")
+    train(1, data, "--max_steps=40", f"--save_checkpoint_path={one}")
+    train(1, data, "--max_steps=20", f"--save_checkpoint_path={mixed}")
     # A plan with every kind of placement, given to main.py with --sharding_plan.
     plan = plan_sharding(
-        [TableSpec(rows, 8) for rows in CARDINALITIES],
+        [TableSpec(rows, 8) for rows in EIGHT_TABLES],
         PlannerConfig(
             world_size=2,
             data_parallel_threshold=2000,
@@ -86,7 +62,7 @@ def test_two_ranks_resume_a_one_rank_checkpoint_like_one_rank(
     }
     plan_file = plan.save(tmp_path / "plan.json")
     # 1 -> 2 ranks: restore the 1-rank checkpoint, reshard, train 20 more steps.
-    main_py(
+    train(
         2,
         data,
         "--max_steps=40",
@@ -94,9 +70,11 @@ def test_two_ranks_resume_a_one_rank_checkpoint_like_one_rank(
         f"--restore_checkpoint_path={mixed}",
         f"--sharding_plan={plan_file}",
     )
-    two_ranks = summary(mixed / "metrics.jsonl")
+    two_ranks = last_record(mixed / "metrics.jsonl", "summary")
     assert two_ranks["world_size"] == 2 and two_ranks["steps_this_run"] == 20
-    assert two_ranks["auc"] == pytest.approx(summary(one / "metrics.jsonl")["auc"], abs=1e-5)
+    assert two_ranks["auc"] == pytest.approx(
+        last_record(one / "metrics.jsonl", "summary")["auc"], abs=1e-5
+    )
     written = Checkpoint(mixed / "step_000000040")
     assert written.manifest["world_size"] == 2
     assert written.plan == plan  # the manifest keeps the plan (its shards, once)
@@ -105,37 +83,17 @@ def test_two_ranks_resume_a_one_rank_checkpoint_like_one_rank(
 
     # 2 -> 1: the 2-rank checkpoint evaluates on one process to the same AUC.
     log = tmp_path / "eval.jsonl"
-    main_py(1, data, "--mode=eval", f"--restore_checkpoint_path={mixed}", f"--log_path={log}")
-    assert summary(log)["auc"] == pytest.approx(two_ranks["auc"], abs=1e-6)
+    train(1, data, "--mode=eval", f"--restore_checkpoint_path={mixed}", f"--log_path={log}")
+    assert last_record(log, "summary")["auc"] == pytest.approx(two_ranks["auc"], abs=1e-6)
     # ... and exports from one process.
     saved_model = tmp_path / "saved_model"
-    main_py(
+    train(
         1,
         "--mode=export",
         f"--restore_checkpoint_path={mixed}",
         f"--saved_model_output_path={saved_model}",
     )
     assert (saved_model / "saved_model.pb").exists()
-
-
-def rank_process(rank: int, marker: str) -> psutil.Process:
-    """The process of `rank` among those whose command line holds `marker`."""
-    for process in psutil.process_iter(["cmdline"]):
-        try:
-            if marker in " ".join(process.info["cmdline"] or []) and (
-                process.environ().get("HOROVOD_RANK") == str(rank)
-            ):
-                return process
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
-            continue
-    raise AssertionError(f"no rank {rank} process running with {marker}")
-
-
-def logged_steps(log: Path) -> list[int]:
-    if not log.exists():
-        return []
-    lines = log.read_text().splitlines()
-    return [json.loads(line)["step"] for line in lines[:-1] if '"event": "train"' in line]
 
 
 def test_sigterm_to_one_rank_stops_all_at_one_checkpoint_and_resume_ends_like_a_straight_run(
@@ -150,7 +108,7 @@ def test_sigterm_to_one_rank_stops_all_at_one_checkpoint_and_resume_ends_like_a_
     straight, run_dir = tmp_path / "straight", tmp_path / "run"
     data = f"--dataset_path={dataset}"
     batch = "--batch_size=768"  # divides by 3
-    main_py(
+    train(
         ranks,
         data,
         batch,
@@ -167,31 +125,20 @@ def test_sigterm_to_one_rank_stops_all_at_one_checkpoint_and_resume_ends_like_a_
         "--resume",
         "--print_freq=5",
     ]
-    command = [horovodrun(), "--gloo", "-np", str(ranks), "-H", f"localhost:{ranks}"]
-    command += [sys.executable, "main.py", *FLAGS, *flags]
-    launcher = subprocess.Popen(
-        command,
-        cwd=REPO,
-        env=process_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    try:
-        deadline = time.monotonic() + 240
-        while not logged_steps(run_dir / "metrics.jsonl"):  # the loop runs: handlers are in
-            assert launcher.poll() is None and time.monotonic() < deadline, launcher.stdout
-            time.sleep(0.05)
-        signalled_after = logged_steps(run_dir / "metrics.jsonl")[-1]
-        rank_process(1, str(run_dir)).send_signal(signal.SIGTERM)
-        output, _ = launcher.communicate(timeout=240)
-    finally:
-        launcher.kill()
+    log, metrics = tmp_path / "horovodrun.log", run_dir / "metrics.jsonl"
+    with started(main_py_command(ranks, *MIXED_PLAN_FLAGS, *flags), log) as launcher:
+        # A step logged: the loop runs, its signal handlers are in.
+        trained = wait_for(lambda: read_records(metrics, "train"), launcher, 240, log)
+        signalled_after = trained[-1]["step"]
+        victims = rank_pids(1, str(run_dir))
+        assert victims, f"no rank 1 process running with {run_dir}"
+        os.kill(victims[0], signal.SIGTERM)
+        launcher.wait(timeout=240)
+    output = log.read_text()
     assert launcher.returncode != 0, output[-3000:]
     # Rank 0 exits first with the status, and horovodrun names it.
     assert f"Exit code: {EXIT_PREEMPTED}" in output, output[-3000:]
-    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    (preempted,) = [r for r in records if r["event"] == "preempted"]
+    (preempted,) = read_records(run_dir / "metrics.jsonl", "preempted")
     stop = preempted["step"]
     assert signalled_after < stop < steps
     assert f"stopped at step {stop} by a preemption signal" in output, output[-3000:]
@@ -200,8 +147,8 @@ def test_sigterm_to_one_rank_stops_all_at_one_checkpoint_and_resume_ends_like_a_
     assert written.manifest["world_size"] == ranks and written.step == stop
     assert [p.name for p in run_dir.glob("step_*")] == [written.path.name]
 
-    main_py(ranks, *flags)  # the same command: continues from the checkpoint
-    resumed = summary(run_dir / "metrics.jsonl")
+    train(ranks, *flags)  # the same command: continues from the checkpoint
+    resumed = last_record(run_dir / "metrics.jsonl", "summary")
     assert resumed["steps"] == steps and resumed["steps_this_run"] == steps - stop
     assert_identical(
         Checkpoint(run_dir / f"step_{steps:09d}"), Checkpoint(straight / f"step_{steps:09d}")

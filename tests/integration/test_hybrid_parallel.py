@@ -7,7 +7,7 @@ meets every optimizer; the uniform plans' cases, such as no alltoall at all, do 
 depend on the optimizer and run with Adam); and on a mixed plan `--amp` (bfloat16
 on CPU), `--xla`, and the DCNv2 cross interaction with tables of unequal widths (in
 fp32 and `--amp`), and the dense part compiled and run in chunks of a rank's rows.
-With 2, 3 and 4 ranks: the plans that once hung or could not be built: a rank with no
+With 2, 3 and 4 ranks: the plans that are easy to get wrong: a rank with no
 model-parallel shard (and, with one table, no ids to read at all), no
 model-parallel table at all, a rank holding only row ranges, the planner's own
 plan of a single table (sliced so that every rank has a share), on both input
@@ -20,18 +20,20 @@ ids, on a mixed plan, both input modes.
 from __future__ import annotations
 
 import itertools
-import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 
-from dataloading.synthetic import generate_split_binary
 from feature_spec import FeatureSpec
-from tests.harness.processes import horovodrun, run
+from tests.harness.datasets import synthetic_dataset
+from tests.harness.rank_weights import (
+    CARDINALITIES,
+    HOTNESS,
+    assert_ranks_equal_one,
+    hybrid_steps,
+    load,
+)
 
-CARDINALITIES = (23, 7, 300, 11, 5, 40, 9, 64)
-HOTNESS = (1, 2, 1, 1, 3, 1, 1, 1)
 ONE_TABLE = (300,)
 KINDS = ("data_parallel", "table_wise", "column_wise", "row_wise", "mixed")
 INPUT_MODES = ("model_parallel", "data_parallel")
@@ -47,22 +49,6 @@ VARIANTS = (
 # Plans that must train on any number of ranks (see the module docstring).
 HARD_PLANS = ("idle_rank", "row_wise_rank", "planner", "data_parallel")
 ONE_TABLE_PLANS = ("idle_rank", "planner")
-FP32_TOLERANCE = {"rtol": 1e-5, "atol": 1e-6}
-# bfloat16 rounds to 8 bits of significand, and the ranks' partial sums round
-# differently, so `--amp` runs are compared tensor by tensor: the norm of the
-# difference against the norm of the weights. Element by element, a small weight
-# can move by more than its own size: on an AVX2 CPU (bfloat16 emulated) a
-# 2-rank Adagrad run put one bottom-MLP weight at 0.0405 against 1 rank's 0.0347,
-# while the whole tensor differed by 0.4 % (bfloat16 against float32 on 1 rank:
-# 0.8 %).
-AMP_NORM_RTOL = 2e-2
-# Biases start at zero, so their norm is all update, not diluted by initial values,
-# and the rounding of their bfloat16 batch sums shows in full: on an AVX-512 BF16 CPU
-# both cross-layer biases of a 2-rank Adagrad run differed by 2.5 % from 1 rank's,
-# every other tensor by at most 0.3 %.
-AMP_BIAS_NORM_RTOL = 5e-2
-STEPS, GLOBAL_BATCH = "5", "96"  # 96 divides by 2, 3 and 4 ranks
-SCRIPT = "tests/integration/scripts/hybrid_steps.py"
 REFERENCES = [f"local:model_parallel:{o}:fp32" for o in OPTIMIZERS] + [
     f"local:model_parallel:{o}:{v}" for o, v in VARIANTS
 ]
@@ -109,23 +95,16 @@ def share_of(runs: list[str], ranks: int) -> list[str]:
     return [run for j, run in enumerate(runs) if (j // 2 + j % 2) % 2 == turn]
 
 
-def hybrid_steps(ranks: int, dataset: Path, out: Path, runs: list[str]) -> None:
-    command = [sys.executable, SCRIPT, str(dataset), str(out), STEPS, GLOBAL_BATCH, *runs]
-    if ranks > 1:
-        command = [horovodrun(), "--gloo", "-np", str(ranks), "-H", f"localhost:{ranks}", *command]
-    result = run(command, timeout=900)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-
-
 @pytest.fixture(scope="module")
 def datasets(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("hybrid")
-    tables, one = root / "tables", root / "one_table"
-    generate_split_binary(tables, CARDINALITIES, 3, rows={"train": 2000}, hotness=HOTNESS, seed=4)
-    generate_split_binary(one, ONE_TABLE, 3, rows={"train": 2000}, seed=4)
-    for dataset in (tables, one):
+    rows = {"train": 2000}
+    found = {
+        "tables": synthetic_dataset(tmp_path_factory, CARDINALITIES, 3, rows, 4, hotness=HOTNESS),
+        "one_table": synthetic_dataset(tmp_path_factory, ONE_TABLE, 3, rows, 4),
+    }
+    for dataset in found.values():
         hybrid_steps(1, dataset, dataset / "out_1", REFERENCES)
-    return {"tables": tables, "one_table": one}
+    return found
 
 
 @pytest.fixture(scope="module")
@@ -136,14 +115,14 @@ def two_ranks(datasets: dict[str, Path]) -> Path:
 
 
 @pytest.fixture(scope="module", params=[2, 3, 4])
-def many_ranks(request: pytest.FixtureRequest, datasets: dict[str, Path]) -> tuple[int, Path]:
-    """The hard plans on `ranks` ranks, both datasets (runs for 2 ranks include
+def many_ranks(request: pytest.FixtureRequest, datasets: dict[str, Path]) -> int:
+    """The hard plans on `ranks` ranks (returned), both datasets (runs for 2 ranks include
     only the one-table ones: the others are in `two_ranks`; 3 and 4 ranks share
     them, `share_of`)."""
     ranks = int(request.param)
     for dataset, runs in runs_on(ranks).items():
         hybrid_steps(ranks, datasets[dataset], datasets[dataset] / f"out_{ranks}", runs)
-    return ranks, datasets["tables"].parent
+    return ranks
 
 
 def runs_on(ranks: int) -> dict[str, list[str]]:
@@ -154,61 +133,6 @@ def runs_on(ranks: int) -> dict[str, list[str]]:
         "tables": share_of(larger_world_runs(), ranks),
         "one_table": share_of(one_table_runs(), ranks),
     }
-
-
-def load(directory: Path, rank: int) -> dict[str, np.ndarray]:
-    with np.load(directory / f"rank{rank}.npz") as data:
-        return dict(data)
-
-
-def assert_weights_close(
-    actual: np.ndarray, desired: np.ndarray, use_norms: bool, name: str
-) -> None:
-    if not use_norms:
-        np.testing.assert_allclose(actual, desired, **FP32_TOLERANCE, err_msg=name)
-        return
-    difference = float(np.linalg.norm(actual - desired))
-    scale = float(np.linalg.norm(desired))
-    rtol = AMP_BIAS_NORM_RTOL if name.endswith("/bias") else AMP_NORM_RTOL
-    assert difference <= rtol * scale + 1e-6, (
-        f"{name}: |actual - desired| = {difference:.3g}, more than {rtol} x "
-        f"|desired| = {rtol * scale:.3g}"
-    )
-
-
-def assert_ranks_equal_one(
-    reference_dir: Path, run_dir: Path, ranks: int, variant: str, kind: str
-) -> None:
-    use_norms = "amp" in variant.split("+")
-    reference = load(reference_dir, 0)
-    per_rank = [load(run_dir, r) for r in range(ranks)]
-    tables = {
-        key.split("_")[1]: value for key, value in reference.items() if key.startswith("table_")
-    }
-    # Per-rank losses are each rank's share of the global mean: they add up to it.
-    np.testing.assert_allclose(
-        sum(r["losses"] for r in per_rank),
-        reference["losses"],
-        rtol=AMP_NORM_RTOL if use_norms else FP32_TOLERANCE["rtol"],
-    )
-    assert reference["losses"][-1] < reference["losses"][0]  # it trained
-    dense = [k for k in reference if not k.startswith("table_") and k not in ("losses", "hostname")]
-    for name in dense:
-        for values in per_rank:  # replicated: identical on every rank, equal to one rank's
-            assert_weights_close(values[name], reference[name], use_norms, name)
-    covered = {t: np.zeros(v.shape, int) for t, v in tables.items()}
-    for values in per_rank:
-        for key, shard in values.items():
-            if not key.startswith("table_"):
-                continue  # dense weights, losses, hostname
-            t, r0, r1, c0, c1 = key.split("_")[1:]
-            r0, r1, c0, c1 = int(r0), int(r1), int(c0), int(c1)
-            assert_weights_close(shard, tables[t][r0:r1, c0:c1], use_norms, key)
-            covered[t][r0:r1, c0:c1] += 1
-    for t, count in covered.items():
-        assert count.min() >= 1, f"table {t} not fully held by the ranks"
-        if kind == "data_parallel":
-            assert (count == ranks).all()
 
 
 CASES = fp32_cases()
@@ -235,9 +159,9 @@ def test_two_ranks_equal_one(
 
 
 def test_every_plan_trains_on_any_number_of_ranks(
-    datasets: dict[str, Path], two_ranks: Path, many_ranks: tuple[int, Path]
+    datasets: dict[str, Path], two_ranks: Path, many_ranks: int
 ) -> None:
-    ranks, _ = many_ranks
+    ranks = many_ranks
     checked = []
     for name, dataset in datasets.items():
         out = dataset / f"out_{ranks}"
@@ -257,9 +181,8 @@ def test_every_plan_trains_on_any_number_of_ranks(
 def wide_ids(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The tables of `datasets`, their ids stored as int64 (as tables of more
     than 2^31 rows need), with a 1-rank reference."""
-    path = tmp_path_factory.mktemp("hybrid") / "wide_ids"
-    generate_split_binary(
-        path, CARDINALITIES, 3, rows={"train": 2000}, hotness=HOTNESS, seed=4, id_dtype="int64"
+    path = synthetic_dataset(
+        tmp_path_factory, CARDINALITIES, 3, {"train": 2000}, 4, hotness=HOTNESS, id_dtype="int64"
     )
     hybrid_steps(1, path, path / "out_1", ["local:model_parallel:adam:fp32"])
     return path
@@ -284,15 +207,14 @@ VARIABLE_HOTNESS = (1, 0, 0, 0, 0, 1, 2, 1)
 @pytest.fixture(scope="module")
 def variable_length(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Tables with variable-length rows, with 1-rank references pooled by mean."""
-    path = tmp_path_factory.mktemp("hybrid") / "variable_length"
-    generate_split_binary(
-        path,
+    path = synthetic_dataset(
+        tmp_path_factory,
         CARDINALITIES,
         3,
-        rows={"train": 2000},
+        {"train": 2000},
+        4,
         hotness=VARIABLE_HOTNESS,
         max_variable_hotness=5,
-        seed=4,
     )
     hybrid_steps(
         1, path, path / "out_1", [f"local:model_parallel:{o}:mean" for o in ("sgd", "adam")]

@@ -7,24 +7,19 @@ on two ranks, every model scored on the same next day."""
 
 from __future__ import annotations
 
-import json
 import re
 import sys
 from pathlib import Path
 
 import numpy as np
 
+from dlrm.app.records import last_record
 from dlrm.checkpoint.reader import Checkpoint
 from feature_spec import FeatureSpec
 from feature_spec.vocabulary import VocabularyLineage
 from tests.harness.processes import run
 
 BEHIND = 3  # examples/incremental_demo.py's exit status for an incremental model behind
-
-
-def summary(log: Path) -> dict:
-    records = [json.loads(line) for line in log.read_text().splitlines()]
-    return [r for r in records if r["event"] == "summary"][-1]
 
 
 def test_one_day_by_day_cycle_end_to_end(tmp_path: Path) -> None:
@@ -54,24 +49,20 @@ def test_one_day_by_day_cycle_end_to_end(tmp_path: Path) -> None:
 
     runs = output / "runs"
     first, warm = (
-        summary(runs / "incremental_0" / "metrics.jsonl"),
-        summary(runs / "incremental_1" / "metrics.jsonl"),
+        last_record(runs / "incremental_0" / "metrics.jsonl", "summary"),
+        last_record(runs / "incremental_1" / "metrics.jsonl", "summary"),
     )
     assert first["world_size"] == 2 and warm["world_size"] == 2
     # Day 1 was trained from its first batch on, from day 0's weights.
-    start = [
-        json.loads(line)
-        for line in (runs / "incremental_1" / "metrics.jsonl").read_text().splitlines()
-        if '"start"' in line
-    ][-1]
+    start = last_record(runs / "incremental_1" / "metrics.jsonl", "start")
     assert start["step"] == 0
     grown = Checkpoint(warm["checkpoint"])
     assert [grown.table_shape(t)[0] for t in range(len(new))] == list(new)
     assert grown.manifest["vocabulary"] == lineage1.id
     assert grown.manifest["world_size"] == 2
     # The day-0 model, not updated, was scored on the same next day (its tables grown).
-    stale = summary(runs / "stale_1.jsonl")
-    scratch = summary(runs / "scratch_1" / "metrics.jsonl")
+    stale = last_record(runs / "stale_1.jsonl", "summary")
+    scratch = last_record(runs / "scratch_1" / "metrics.jsonl", "summary")
     assert stale["samples"] == warm["samples"] == scratch["samples"] == 8000
     for record in (first, warm, stale, scratch):
         assert 0.5 < record["auc"] <= 1.0, record

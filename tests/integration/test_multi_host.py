@@ -1,5 +1,5 @@
 """Horovod across hosts: two network-namespace hosts on this machine
-(tests/integration/netns_cluster.py), each with its own address, hostname and
+(tests/harness/netns.py), each with its own address, hostname and
 sshd. `horovodrun --gloo -H node1:1,node2:1` (over ssh) and `mpirun -H ...` run
 one rank on each host; the ranks' weights equal one process's, and a `main.py`
 checkpoint written across the hosts resumes on one of them alone like an
@@ -7,7 +7,6 @@ uninterrupted run."""
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -18,21 +17,26 @@ from pathlib import Path
 
 import pytest
 
-from dataloading.synthetic import generate_split_binary
+from dlrm.app.records import read_records
 from dlrm.checkpoint.reader import Checkpoint
-from tests.harness.checkpoints import CROSS_WORLD, assert_close
+from tests.harness.checkpoints import CROSS_WORLD, assert_close, checkpoint_steps
+from tests.harness.datasets import dataset_fixture, synthetic_dataset
+from tests.harness.models import EIGHT_TABLES, MIXED_PLAN_FLAGS
 from tests.harness.netns import INTERFACE, NetnsCluster, install_reason, netns_cluster
-from tests.harness.processes import REPO, horovodrun, process_env
-from tests.integration.test_hybrid_failures import _is_zombie
-from tests.integration.test_hybrid_main import FLAGS
-from tests.integration.test_hybrid_parallel import (
+from tests.harness.processes import (
+    REPO,
+    has_exited,
+    horovodrun,
+    output_tail,
+    process_env,
+    wait_for,
+)
+from tests.harness.rank_weights import (
     CARDINALITIES,
-    GLOBAL_BATCH,
     HOTNESS,
-    SCRIPT,
-    STEPS,
     assert_ranks_equal_one,
     hybrid_steps,
+    hybrid_steps_command,
     load,
 )
 
@@ -44,11 +48,14 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NetnsCluster]:
     yield from netns_cluster(tmp_path_factory)
 
 
-@pytest.fixture(scope="module")
-def dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("multi_host") / "tables"
-    generate_split_binary(path, CARDINALITIES, 3, rows={"train": 2000}, hotness=HOTNESS, seed=4)
-    return path
+dataset = dataset_fixture(CARDINALITIES, 3, {"train": 2000}, seed=4, hotness=HOTNESS)
+
+
+def on_host(cluster: NetnsCluster, host: str, command: list[str], timeout: float = 300) -> str:
+    """Runs `command` on `host` from the repo root; it must succeed; its output's end."""
+    result = cluster.run(host, command, timeout, process_env(), REPO)
+    assert result.returncode == 0, output_tail(result)
+    return output_tail(result)
 
 
 def across_hosts(cluster: NetnsCluster, launcher: str, command: list[str]) -> str:
@@ -64,10 +71,7 @@ def across_hosts(cluster: NetnsCluster, launcher: str, command: list[str]) -> st
         launch += [
             arg for name in ("PATH", "PYTHONPATH", "TF_CPP_MIN_LOG_LEVEL") for arg in ("-x", name)
         ]
-    result = cluster.run("node1", [*launch, *command], env=process_env(), cwd=REPO, timeout=600)
-    output = result.stdout[-3000:] + result.stderr[-3000:]
-    assert result.returncode == 0, output
-    return output
+    return on_host(cluster, "node1", [*launch, *command], timeout=600)
 
 
 @pytest.mark.parametrize("launcher", ["horovodrun", "mpirun"])
@@ -80,11 +84,7 @@ def test_ranks_on_two_hosts_equal_one_process(
     hybrid_steps(
         1, dataset, tmp_path / "one", [f"local:model_parallel:{o}:fp32" for o in ("adam", "sgd")]
     )
-    across_hosts(
-        cluster,
-        launcher,
-        [sys.executable, SCRIPT, str(dataset), str(tmp_path / "two"), STEPS, GLOBAL_BATCH, *runs],
-    )
+    across_hosts(cluster, launcher, hybrid_steps_command(dataset, tmp_path / "two", runs))
     for run_name in runs:
         kind, _mode, optimizer, variant = run_name.split(":")
         run_dir = tmp_path / "two" / run_name.replace(":", "_")
@@ -94,46 +94,23 @@ def test_ranks_on_two_hosts_equal_one_process(
 
 
 def test_a_checkpoint_written_across_hosts_resumes_on_one_host(
-    cluster: NetnsCluster, tmp_path: Path
+    cluster: NetnsCluster, tmp_path: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
     """main.py on node1 and node2 trains 10 steps and checkpoints; node2 alone
     resumes it for 10 more: the weights of 20 uninterrupted steps on one rank (to
     rounding: 20 steps from the first on 2 ranks, at most `CROSS_WORLD_STEPS`)."""
-    data = tmp_path / "data"
-    generate_split_binary(
-        data,
-        (50, 200, 1000, 30, 5000, 7, 400, 90),
-        5,
-        rows={"train": 50_000, "test": 5_000},
-        seed=3,
-    )
-    common = [sys.executable, "main.py", *FLAGS, f"--dataset_path={data}"]
+    data = synthetic_dataset(tmp_path_factory, EIGHT_TABLES, 5, {"train": 50_000, "test": 5_000}, 3)
+    common = [sys.executable, "main.py", *MIXED_PLAN_FLAGS, f"--dataset_path={data}"]
     across = tmp_path / "across"
     across_hosts(
         cluster, "horovodrun", [*common, "--max_steps=10", f"--save_checkpoint_path={across}"]
     )
-    start = json.loads((across / "metrics.jsonl").read_text().splitlines()[0])
+    start = read_records(across / "metrics.jsonl")[0]
     assert start["event"] == "start" and start["hosts"] == ["node1", "node2"]
-    result = cluster.run(
-        "node2",
-        [
-            *common,
-            "--max_steps=20",
-            f"--restore_checkpoint_path={across}",
-            f"--save_checkpoint_path={across}",
-        ],
-        env=process_env(),
-        cwd=REPO,
-    )
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    resume = [f"--restore_checkpoint_path={across}", f"--save_checkpoint_path={across}"]
+    on_host(cluster, "node2", [*common, "--max_steps=20", *resume])
     straight = tmp_path / "straight"
-    result = cluster.run(
-        "node1",
-        [*common, "--max_steps=20", f"--save_checkpoint_path={straight}"],
-        env=process_env(),
-        cwd=REPO,
-    )
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    on_host(cluster, "node1", [*common, "--max_steps=20", f"--save_checkpoint_path={straight}"])
     resumed, uninterrupted = Checkpoint(across), Checkpoint(straight)
     assert resumed.step == uninterrupted.step == 20
     assert_close(resumed, uninterrupted, **CROSS_WORLD)
@@ -147,27 +124,16 @@ GLOO_TIMEOUT_S = 20
 FAILURE_EXIT_LIMIT_S = 90
 
 
-def wait_for_checkpoint_and_steps(run: Path, launcher: object, log: Path) -> int:
-    """Waits until a checkpoint exists and 5 more steps were logged; returns the
-    checkpoint's step."""
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline and launcher.poll() is None:  # type: ignore[attr-defined]
-        steps = sorted(int(p.parent.name.split("_")[1]) for p in run.glob("step_*/manifest.json"))
-        if steps and (run / "metrics.jsonl").exists():
-            trained = [
-                json.loads(x)["step"]
-                for x in (run / "metrics.jsonl").read_text().splitlines()
-                if json.loads(x)["event"] == "train"
-            ]
-            if trained and trained[-1] >= steps[-1] + 5:
-                return steps[-1]
-        time.sleep(0.5)
-    pytest.fail(f"no checkpoint and steps after it; log:\n{log.read_text()[-3000:]}")
+def checkpoint_and_steps(run: Path) -> int | None:
+    """The step of the newest checkpoint in `run` once 5 more steps were logged."""
+    steps = checkpoint_steps(run)
+    trained = read_records(run / "metrics.jsonl", "train")
+    return steps[-1] if steps and trained and trained[-1]["step"] >= steps[-1] + 5 else None
 
 
 @pytest.mark.parametrize("failure", ["link_down", "host_killed"])
 def test_a_failed_host_stops_the_other_and_the_checkpoint_restores(
-    tmp_path: Path, failure: str
+    tmp_path: Path, tmp_path_factory: pytest.TempPathFactory, failure: str
 ) -> None:
     """Training on node1 and node2; node2 loses its link (cable pulled) or all its
     processes (power lost). The rank on node1 exits non-zero within the bound,
@@ -175,13 +141,12 @@ def test_a_failed_host_stops_the_other_and_the_checkpoint_restores(
     reason = install_reason()
     if reason is not None:
         pytest.skip(reason)
-    data = tmp_path / "data"
-    generate_split_binary(
-        data, (50, 200, 1000, 30), 5, rows={"train": 400_000, "test": 2_000}, seed=3
+    data = synthetic_dataset(
+        tmp_path_factory, (50, 200, 1000, 30), 5, {"train": 400_000, "test": 2_000}, 3
     )
     run = tmp_path / "run"
     flags = [
-        sys.executable, "main.py", *FLAGS, f"--dataset_path={data}", "--batch_size=256",
+        sys.executable, "main.py", *MIXED_PLAN_FLAGS, f"--dataset_path={data}", "--batch_size=256",
         "--print_freq=1", "--evals_per_epoch=50",
     ]  # fmt: skip
     env = process_env({"HOROVOD_GLOO_TIMEOUT_SECONDS": str(GLOO_TIMEOUT_S)})
@@ -200,7 +165,7 @@ def test_a_failed_host_stops_the_other_and_the_checkpoint_restores(
                 stderr=subprocess.STDOUT,
             )
             try:
-                saved = wait_for_checkpoint_and_steps(run, launcher, log)
+                saved = wait_for(lambda: checkpoint_and_steps(run), launcher, 300, log)
                 survivors = cluster.main_py_processes("node1")
                 assert len(survivors) == 1 and len(cluster.main_py_processes("node2")) == 1
                 if failure == "link_down":
@@ -208,7 +173,7 @@ def test_a_failed_host_stops_the_other_and_the_checkpoint_restores(
                 else:
                     cluster.kill_host("node2")
                 failed_at = time.monotonic()
-                while any(Path(f"/proc/{p}").exists() and not _is_zombie(p) for p in survivors):
+                while not all(has_exited(p) for p in survivors):
                     assert time.monotonic() - failed_at < FAILURE_EXIT_LIMIT_S, log.read_text()[
                         -3000:
                     ]
@@ -226,17 +191,14 @@ def test_a_failed_host_stops_the_other_and_the_checkpoint_restores(
             f"(exit {returncode}) {launcher_exit:.1f} s after node2 failed"
         )
         assert returncode != 0
-        events = [json.loads(x)["event"] for x in (run / "metrics.jsonl").read_text().splitlines()]
-        assert "summary" not in events
+        assert not read_records(run / "metrics.jsonl", "summary")
         # The last complete checkpoint resumes on the surviving host alone.
         resumed = tmp_path / "resumed"
-        result = cluster.run(
+        on_host(
+            cluster,
             "node1",
             [*flags, f"--restore_checkpoint_path={run}", f"--max_steps={saved + 10}",
              "--evals_per_epoch=0", f"--save_checkpoint_path={resumed}"],
-            env=process_env(),
-            cwd=REPO,
         )  # fmt: skip
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert Checkpoint(resumed).step == saved + 10
     assert Checkpoint(run).step >= saved

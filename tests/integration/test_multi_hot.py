@@ -6,69 +6,48 @@ process."""
 
 from __future__ import annotations
 
-import sys
+import subprocess
 from pathlib import Path
 
 import pytest
 
-from dataloading.synthetic import generate_split_binary
+from dlrm.app.records import read_records
 from dlrm.checkpoint.reader import Checkpoint
 from dlrm.embedding.planner.plan import ShardingPlan
 from dlrm.embedding.planner.types import TableSpec
 from feature_spec import FeatureSpec
 from tests.harness.checkpoints import CROSS_WORLD, assert_close
-from tests.harness.processes import horovodrun, run
-from tests.integration.scripts.hybrid_steps import table_plan
-from tests.integration.test_training import (
-    assert_export_serves_like_the_checkpoint,
-    records,
-)
+from tests.harness.datasets import dataset_fixture
+from tests.harness.export import assert_export_serves_like_the_checkpoint
+from tests.harness.models import ADAM_FLAGS, EIGHT_TABLES
+from tests.harness.placements import table_plan
+from tests.harness.processes import main_py, output_tail
 
-CARDINALITIES = (50, 200, 1000, 30, 5000, 7, 400, 90)
 # Tables 1, 2 and 4: 0 to 6 ids per row (empty rows too); table 6: 3 per row.
 HOTNESS = (1, 0, 0, 1, 0, 1, 3, 1)
 DIM = 8
-FLAGS = [
-    "--batch_size=1024",
-    "--optimizer=adam",
-    "--learning_rate=0.01",
-    "--warmup_steps=0",
-    "--decay_start_step=0",
-    f"--embedding_dim={DIM}",
-    "--bottom_mlp_dims=32,8",
-    "--top_mlp_dims=32,1",
-    "--print_freq=20",
-]
 
 
-@pytest.fixture(scope="module")
-def dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("data") / "variable_length"
-    generate_split_binary(
-        path,
-        CARDINALITIES,
-        5,
-        rows={"train": 80_000, "test": 10_000},
-        hotness=HOTNESS,
-        max_variable_hotness=6,
-        seed=3,
-    )
-    return path
+dataset = dataset_fixture(
+    EIGHT_TABLES,
+    5,
+    {"train": 80_000, "test": 10_000},
+    seed=3,
+    hotness=HOTNESS,
+    max_variable_hotness=6,
+)
 
 
-def main_py(ranks: int, *flags: str) -> tuple[int, str]:
-    command = [sys.executable, "main.py", *FLAGS, *flags]
-    if ranks > 1:
-        command = [horovodrun(), "--gloo", "-np", str(ranks), "-H", f"localhost:{ranks}", *command]
-    result = run(command, timeout=400)
-    return result.returncode, result.stdout[-3000:] + result.stderr[-3000:]
+def train(ranks: int, *flags: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    """main.py of `ADAM_FLAGS`, then `flags`, on `ranks` ranks (with `check`, it must succeed)."""
+    return main_py(ranks, *ADAM_FLAGS, *flags, timeout=400, check=check)
 
 
 def test_mean_pooling_learns_the_teacher_and_the_export_serves_ragged_ids(
     dataset: Path, tmp_path: Path
 ) -> None:
     checkpoints, log = tmp_path / "checkpoints", tmp_path / "log.jsonl"
-    code, output = main_py(
+    train(
         1,
         f"--dataset_path={dataset}",
         "--pooling=mean",
@@ -76,8 +55,7 @@ def test_mean_pooling_learns_the_teacher_and_the_export_serves_ragged_ids(
         f"--save_checkpoint_path={checkpoints}",
         f"--log_path={log}",
     )
-    assert code == 0, output
-    aucs = [r["auc"] for r in records(log) if r["event"] == "eval"]
+    aucs = [r["auc"] for r in read_records(log, "eval")]
     assert len(aucs) == 2
     # The teacher averages the effects of a row's ids (its own AUC is about
     # 0.85); untrained, the model scores about 0.5.
@@ -88,14 +66,15 @@ def test_mean_pooling_learns_the_teacher_and_the_export_serves_ragged_ids(
     served = assert_export_serves_like_the_checkpoint(checkpoints, dataset, tmp_path, rows=300)
     assert float(served.std()) > 0.05
     # Restoring it into a model that sums the rows is refused, naming the field.
-    code, output = main_py(
+    result = train(
         1,
         f"--dataset_path={dataset}",
         "--max_steps=1",
         f"--restore_checkpoint_path={checkpoints}",
+        check=False,
     )
-    assert code == 1
-    assert "pooling: checkpoint 'mean', this run 'sum'" in output
+    assert result.returncode == 1
+    assert "pooling: checkpoint 'mean', this run 'sum'" in output_tail(result)
 
 
 # The placement test's flags, for the one-process reference and the 2-rank runs
@@ -111,13 +90,12 @@ PLACEMENT_FLAGS = [
 def one_process(dataset: Path, tmp_path_factory: pytest.TempPathFactory) -> Checkpoint:
     """What the 2-rank runs of both input modes are compared with, run once."""
     one = tmp_path_factory.mktemp("one_process") / "run"
-    code, output = main_py(
+    train(
         1,
         f"--dataset_path={dataset}",
         *PLACEMENT_FLAGS,
         f"--save_checkpoint_path={one}",
     )
-    assert code == 0, output
     return Checkpoint(one)
 
 
@@ -132,7 +110,7 @@ def test_two_ranks_train_variable_length_tables_like_one(
     spec = FeatureSpec.load(dataset)
     assert [f.is_variable_length for f in spec.categorical_features] == [h == 0 for h in HOTNESS]
     kinds = {1: "table_wise", 2: "column_wise", 4: "row_wise"}
-    specs = [TableSpec(rows, DIM, h or 3) for rows, h in zip(CARDINALITIES, HOTNESS, strict=True)]
+    specs = [TableSpec(rows, DIM, h or 3) for rows, h in zip(EIGHT_TABLES, HOTNESS, strict=True)]
     plan = ShardingPlan(
         2,
         "basic",
@@ -143,7 +121,7 @@ def test_two_ranks_train_variable_length_tables_like_one(
     )
     plan_path = plan.save(tmp_path / "plan.json")
     two = tmp_path / "two"
-    code, output = main_py(
+    train(
         2,
         f"--dataset_path={dataset}",
         *PLACEMENT_FLAGS,
@@ -151,5 +129,4 @@ def test_two_ranks_train_variable_length_tables_like_one(
         f"--input_mode={input_mode}",
         f"--sharding_plan={plan_path}",
     )
-    assert code == 0, output
     assert_close(Checkpoint(two), one_process, **CROSS_WORLD)

@@ -11,7 +11,6 @@ import gzip
 import math
 import re
 import shutil
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,8 +23,8 @@ from preproc.config import InputFile, NumericalTransform, PipelineConfig
 from preproc.errors import PreprocessingError
 from preproc.layout import criteo_layout
 from preproc.pipeline import run_pipeline
-from preproc.spark import SparkSettings, start_spark
 from tests.harness.processes import run
+from tests.harness.spark import spark_fixture
 from tests.integration.scripts.preproc_reference import (
     Row,
     build_vocabulary,
@@ -48,16 +47,7 @@ INTEGER = re.compile(r"-?[0-9]{1,18}")
 HEX = re.compile(r"[0-9a-fA-F]{1,8}")
 
 
-@pytest.fixture(scope="module")
-def spark() -> Iterator[Any]:
-    settings = SparkSettings(
-        spark_master="local[2]",
-        shuffle_partitions=4,
-        spark_conf=(("spark.ui.enabled", "false"),),
-    )
-    session = start_spark(settings, console=lambda line: None)
-    yield session
-    session.stop()
+spark = spark_fixture(shuffle_partitions=4)
 
 
 @pytest.fixture(scope="module")
@@ -302,8 +292,8 @@ def test_cli_reads_gzipped_days(
             "--spark_conf", "spark.ui.enabled=false",
         ],
         timeout=300,
+        check=True,
     )  # fmt: skip
-    assert result.returncode == 0, result.stderr[-3000:]
     assert re.search(r"^train\s+[\d,]+\s+[\d,]+\s+[\d.]+%$", result.stdout, re.MULTILINE)
     assert "[preproc] parse: done in" in result.stderr
     expected_files = sorted(

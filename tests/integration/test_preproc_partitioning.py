@@ -3,22 +3,15 @@ Spark's own hash partitioning (a real local session)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 import pytest
 
 from preproc.encode import BUCKET_COLUMN, bucket_partition, partition_keys, spark_int_hash
-from preproc.spark import SparkSettings, start_spark
+from tests.harness.spark import spark_fixture
 
-
-@pytest.fixture(scope="module")
-def spark() -> Iterator[Any]:
-    settings = SparkSettings(spark_master="local[2]", spark_conf=(("spark.ui.enabled", "false"),))
-    session = start_spark(settings, console=lambda line: None)
-    yield session
-    session.stop()
+spark = spark_fixture()
 
 
 def test_int_hash_is_sparks(spark: Any) -> None:

@@ -8,11 +8,9 @@ list elements."""
 from __future__ import annotations
 
 import gzip
-import json
 import random
 import re
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,12 +19,13 @@ import pytest
 import yaml
 
 from dataloading.files import SplitBinaryFiles
+from dlrm.app.records import read_records
 from feature_spec import FeatureSpec, minimal_categorical_dtype
 from preproc.errors import PreprocessingError
 from preproc.pipeline import run_pipeline
-from preproc.spark import SparkSettings, start_spark
 from preproc.transcode import build_parser, transcode_config
 from tests.harness.processes import run
+from tests.harness.spark import spark_fixture
 from tests.integration.scripts.preproc_reference import (
     Row,
     build_vocabulary,
@@ -88,14 +87,7 @@ def impression(rng: random.Random) -> str:
     return ",".join(fields[c] for c in COLUMNS)
 
 
-@pytest.fixture(scope="module")
-def spark() -> Iterator[Any]:
-    settings = SparkSettings(
-        spark_master="local[2]", shuffle_partitions=4, spark_conf=(("spark.ui.enabled", "false"),)
-    )
-    session = start_spark(settings, console=lambda line: None)
-    yield session
-    session.stop()
+spark = spark_fixture(shuffle_partitions=4)
 
 
 @pytest.fixture(scope="module")
@@ -364,16 +356,16 @@ def test_list_columns_write_ids_and_global_offsets(
 
     # main.py trains on it: the list features pooled by mean, evaluated.
     log = tmp_path / "train.jsonl"
-    result = run(
+    run(
         [
             sys.executable, "main.py", f"--dataset_path={out}", "--batch_size=32",
             "--embedding_dim=4", "--bottom_mlp_dims=8,4", "--top_mlp_dims=8,1",
             "--pooling=mean", "--max_steps=4", f"--log_path={log}",
         ],
         timeout=300,
+        check=True,
     )  # fmt: skip
-    assert result.returncode == 0, result.stderr[-3000:]
-    summary = [json.loads(line) for line in log.read_text().splitlines()][-1]
+    summary = read_records(log)[-1]
     assert summary["event"] == "summary" and summary["steps"] == 4
     assert summary["samples"] == len(test) and 0.0 <= summary["auc"] <= 1.0
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import shutil
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -26,8 +26,8 @@ from feature_spec.vocabulary import VocabularyLineage
 from preproc.errors import PreprocessingError
 from preproc.pipeline import run_pipeline
 from preproc.report import format_report
-from preproc.spark import SparkSettings, start_spark
 from preproc.transcode import build_parser, transcode_config
+from tests.harness.spark import spark_fixture
 from tests.integration.scripts.preproc_reference import build_vocabulary, read_mapping
 
 THRESHOLD = 2
@@ -70,14 +70,7 @@ B_IDS = {
 VOCABULARY_FEATURES = ("color", "tags")
 
 
-@pytest.fixture(scope="module")
-def spark() -> Iterator[Any]:
-    settings = SparkSettings(
-        spark_master="local[2]", shuffle_partitions=3, spark_conf=(("spark.ui.enabled", "false"),)
-    )
-    session = start_spark(settings, console=lambda line: None)
-    yield session
-    session.stop()
+spark = spark_fixture(shuffle_partitions=3)
 
 
 @pytest.fixture(scope="module")

@@ -15,59 +15,27 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
+from dlrm.app.records import read_records
 from dlrm.checkpoint.reader import Checkpoint
 from feature_spec import FeatureSpec
 from tests.harness.checkpoints import assert_identical
-from tests.harness.processes import REPO, run
-from tests.harness.slurm import SlurmCluster, install_reason, start_cluster, tail
-
-CARDINALITIES = "23,200,1000,7,5000,90"
-STEPS = 20
-TRAIN_FLAGS = [
-    "--batch_size=512",
-    "--embedding_dim=8",
-    "--bottom_mlp_dims=16,8",
-    "--top_mlp_dims=16,1",
-    f"--max_steps={STEPS}",
-    "--learning_rate=0.1",
-    "--warmup_steps=0",
-    "--decay_start_step=0",
-    "--print_freq=10",
-    # A mixed plan: tables 1000 and 5000 model-parallel (alltoall), the others replicated.
-    "--data_parallel_threshold=500",
-]
-SCRIPT_VARIABLES = frozenset(
-    {
-        "BATCH_SIZE",
-        "CHECKPOINT_DIR",
-        "CONTAINER_IMAGE",
-        "CONTAINER_MOUNTS",
-        "CONTAINER_WORKDIR",
-        "DATASET_PATH",
-        "DLRM_HOME",
-        "DLRM_PYTHON",
-        "DRIVER_MEMORY",
-        "EXECUTOR_MEMORY",
-        "FREQUENCY_THRESHOLD",
-        "HOROVODRUN",
-        "HOROVODRUN_ARGS",
-        "INPUT_DIR",
-        "OUTPUT_DIR",
-        "RESTORE_CHECKPOINT",
-        "SPARK_LOCAL_DIR",
-        "SPARK_MASTER",
-        "SPARK_MASTER_PORT",
-        "SPARK_STANDALONE",
-        "SRUN_ARGS",
-        "SRUN_MPI",
-    }
+from tests.harness.datasets import dataset_fixture
+from tests.harness.models import JOB_FLAGS, JOB_TABLES
+from tests.harness.processes import run
+from tests.harness.slurm import (
+    JOB_TIMEOUT,
+    SlurmCluster,
+    assert_completed,
+    install_reason,
+    job_summary,
+    run_script,
+    start_cluster,
+    start_script,
+    tail,
 )
-# 2 cores run two TensorFlow processes (each ~10 s to import) and the daemons.
-JOB_TIMEOUT = 600.0
 
 
 @pytest.fixture(scope="module")
@@ -82,76 +50,14 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
         started.stop()
 
 
-@pytest.fixture(scope="module")
-def dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("data") / "synthetic"
-    command = [sys.executable, "-m", "dataloading.synthetic", f"--output_dir={path}"]
-    rows = ["--train_rows=20000", "--test_rows=4000", f"--cardinalities={CARDINALITIES}"]
-    result = run([*command, *rows], timeout=300)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    return path
-
-
-def submit(
-    cluster: SlurmCluster,
-    script: str,
-    output: Path,
-    environment: dict[str, str],
-    arguments: list[str],
-    sbatch_options: tuple[str, ...] = ("--ntasks=2",),
-    nodes: int = 1,
-) -> dict[str, str]:
-    """Submits `slurm/<script>` on `nodes` nodes from the repo root (the default
-    DLRM_HOME), waits for the end, and returns `scontrol show job`'s fields. The
-    scripts' variables come from `environment` alone, never from the caller's shell."""
-    job_id = start(cluster, script, output, environment, arguments, sbatch_options, nodes)
-    return cluster.wait_for_job(job_id, timeout=JOB_TIMEOUT)
-
-
-def start(
-    cluster: SlurmCluster,
-    script: str,
-    output: Path,
-    environment: dict[str, str],
-    arguments: list[str],
-    sbatch_options: tuple[str, ...] = ("--ntasks=2",),
-    nodes: int = 1,
-) -> int:
-    """`submit` without the wait: the job's id."""
-    inherited = {k: v for k, v in cluster.env.items() if k not in SCRIPT_VARIABLES}
-    return cluster.sbatch(
-        [
-            *sbatch_options,
-            f"--nodes={nodes}",
-            "--time=20",
-            f"--output={output}",
-            str(REPO / "slurm" / script),
-            *arguments,
-        ],
-        env={**inherited, "DLRM_PYTHON": sys.executable, **environment},
-        cwd=REPO,
-    )
-
-
-def assert_completed(job: dict[str, str], output: Path) -> None:
-    assert (job.get("JobState"), job.get("ExitCode")) == ("COMPLETED", "0:0"), (
-        f"job {job.get('JobId')}: {job.get('JobState')} exit {job.get('ExitCode')}\n{tail(output)}"
-    )
-
-
-def metrics_summary(log: Path, output: Path) -> dict[str, Any]:
-    assert log.is_file(), f"no metrics log {log}\n{tail(output)}"
-    records = [json.loads(line) for line in log.read_text().splitlines()]
-    summaries = [r for r in records if r["event"] == "summary"]
-    assert summaries, f"no summary record in {log}\n{tail(output)}"
-    return summaries[-1]
+dataset = dataset_fixture(JOB_TABLES, 13, {"train": 20_000, "test": 4_000}, seed=0)
 
 
 def assert_trained_two_ranks(checkpoints: Path, output: Path, steps: int) -> None:
     """What a training script's 2-rank job must leave in `checkpoints`: a summary of
     2 ranks, the last checkpoint at `steps` written by 2 ranks, and a plan of
     replicated and model-parallel (alltoall) tables."""
-    summary = metrics_summary(checkpoints / "metrics.jsonl", output)
+    summary = job_summary(checkpoints / "metrics.jsonl", output)
     assert summary["world_size"] == 2, f"{summary}\n{tail(output)}"
     written = sorted(checkpoints.glob("step_*"))
     assert written, f"no step_* checkpoint in {checkpoints}\n{tail(output)}"
@@ -162,7 +68,7 @@ def assert_trained_two_ranks(checkpoints: Path, output: Path, steps: int) -> Non
 
 
 REQUEUE_STEPS = 600  # 39 steps an epoch; each stop lands within a few dozen steps of a start
-REQUEUE_FLAGS = [*TRAIN_FLAGS, "--epochs=16", f"--max_steps={REQUEUE_STEPS}", "--print_freq=5"]
+REQUEUE_FLAGS = [*JOB_FLAGS, "--epochs=16", f"--max_steps={REQUEUE_STEPS}", "--print_freq=5"]
 
 
 @pytest.fixture(scope="module")
@@ -176,7 +82,7 @@ def straight_run(
     environment = {"DATASET_PATH": str(dataset), "CHECKPOINT_DIR": str(root / "run")}
     output = root / "job.out"
     assert_completed(
-        submit(cluster, "train_srun.sbatch", output, environment, REQUEUE_FLAGS), output
+        run_script(cluster, "train_srun.sbatch", output, environment, REQUEUE_FLAGS), output
     )
     return root / "run", output
 
@@ -198,19 +104,15 @@ class RequeuedJob:
         self.cluster = cluster
         self.checkpoints, self.output = directory / "requeued", directory / "job.out"
         environment = {"DATASET_PATH": str(dataset), "CHECKPOINT_DIR": str(self.checkpoints)}
-        self.job_id = start(cluster, script, self.output, environment, REQUEUE_FLAGS)
+        self.job_id = start_script(cluster, script, self.output, environment, REQUEUE_FLAGS)
         self.log = self.checkpoints / "metrics.jsonl"
         self.deadline = time.monotonic() + JOB_TIMEOUT
-
-    def records(self) -> list[dict[str, Any]]:
-        lines = self.log.read_text().splitlines() if self.log.is_file() else []
-        return [json.loads(line) for line in lines]
 
     def wait_until_training(self, stops: int) -> None:
         """Until the job, stopped `stops` times so far, trains again: a progress
         record after the last stop's record."""
         while True:
-            seen = [r["event"] for r in self.records()]
+            seen = [r["event"] for r in read_records(self.log)]
             last_stop = max((i for i, e in enumerate(seen) if e == "preempted"), default=-1)
             if seen.count("preempted") == stops and "train" in seen[last_stop + 1 :]:
                 return
@@ -242,10 +144,10 @@ class RequeuedJob:
         job = self.cluster.wait_for_job(self.job_id, timeout=JOB_TIMEOUT)
         assert_completed(job, self.output)
         assert job.get("Restarts") == str(restarts), tail(self.output)
-        stops = [r["step"] for r in self.records() if r["event"] == "preempted"]
+        stops = [r["step"] for r in read_records(self.log, "preempted")]
         assert len(stops) == restarts and stops[0] > 0, tail(self.output)
         assert stops == sorted(set(stops)) and stops[-1] < REQUEUE_STEPS, tail(self.output)
-        resumed = metrics_summary(self.log, self.output)
+        resumed = job_summary(self.log, self.output)
         expected = (REQUEUE_STEPS, REQUEUE_STEPS - stops[-1])
         assert (resumed["steps"], resumed["steps_this_run"]) == expected, tail(self.output)
         assert_identical(Checkpoint(self.checkpoints / f"step_{REQUEUE_STEPS:09d}"), straight)
@@ -291,7 +193,7 @@ def test_a_horovodrun_job_requeues_itself_ahead_of_its_time_limit(
 def test_preprocess_script_writes_a_dataset(cluster: SlurmCluster, tmp_path: Path) -> None:
     raw, processed, output = tmp_path / "raw", tmp_path / "processed", tmp_path / "job.out"
     rows_per_day = 1500
-    result = run(
+    run(
         [
             sys.executable,
             "-m",
@@ -301,15 +203,15 @@ def test_preprocess_script_writes_a_dataset(cluster: SlurmCluster, tmp_path: Pat
             f"--rows_per_day={rows_per_day}",
         ],
         timeout=300,
+        check=True,
     )
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     environment = {
         "INPUT_DIR": str(raw),
         "OUTPUT_DIR": str(processed),
         "FREQUENCY_THRESHOLD": "2",
     }
     arguments = ["--spark_conf", "spark.ui.enabled=false", "--shuffle_partitions=2"]
-    job = submit(cluster, "preprocess.sbatch", output, environment, arguments, ("-c", "2"))
+    job = run_script(cluster, "preprocess.sbatch", output, environment, arguments, ("-c", "2"))
 
     assert_completed(job, output)
     spec = FeatureSpec.load(processed, required_mappings=("train", "test"))
@@ -335,6 +237,6 @@ def test_scripts_fail_naming_what_is_missing(
     cluster: SlurmCluster, tmp_path: Path, script: str, environment: dict[str, str], message: str
 ) -> None:
     output = tmp_path / "job.out"
-    job = submit(cluster, script, output, environment, [], ("--ntasks=1",))
+    job = run_script(cluster, script, output, environment, [], ("--ntasks=1",))
     assert job.get("JobState") == "FAILED" and job.get("ExitCode") == "2:0", tail(output)
     assert message in output.read_text(), tail(output)

@@ -2,8 +2,8 @@
 runs one rank on each node.
 
 The nodes are the hosts node1 and node2 of a `NetnsCluster` (network namespaces
-with their own address, hostname and sshd; tests/integration/netns_cluster.py);
-`MultiNodeSlurmCluster` (tests/integration/slurm_cluster.py) runs munged and
+with their own address, hostname and sshd; tests/harness/netns.py);
+`MultiNodeSlurmCluster` (tests/harness/slurm.py) runs munged and
 slurmd on each, slurmctld and the clients on node1. Both are started once for the
 module and stopped at its end, whatever the outcome. The checks read what the job
 wrote: its end state, the hosts of the ranks in the metrics log, and the sharding
@@ -19,33 +19,28 @@ from pathlib import Path
 
 import pytest
 
-from dataloading.synthetic import generate_split_binary
-from tests.harness import netns as netns_cluster
-from tests.harness import slurm as slurm_cluster
-from tests.harness.netns import INTERFACE, NetnsCluster
-from tests.harness.slurm import SlurmCluster, start_multi_node_cluster, tail
-from tests.integration.test_slurm import (
-    CARDINALITIES,
-    TRAIN_FLAGS,
+from dlrm.app.records import read_records
+from tests.harness import netns, slurm
+from tests.harness.datasets import dataset_fixture
+from tests.harness.models import JOB_FLAGS, JOB_TABLES
+from tests.harness.netns import INTERFACE, NetnsCluster, netns_cluster
+from tests.harness.slurm import (
+    SlurmCluster,
     assert_completed,
-    metrics_summary,
-    submit,
+    job_summary,
+    run_script,
+    start_multi_node_cluster,
+    tail,
 )
 
 
 @pytest.fixture(scope="module")
 def hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NetnsCluster]:
-    reason = netns_cluster.install_reason() or slurm_cluster.install_reason()
+    reason = netns.install_reason() or slurm.install_reason()
     if reason is not None:
         pytest.skip(reason)
     # A tag of its own: another module's NetnsCluster in this process defaults to the pid's.
-    started = NetnsCluster(
-        tmp_path_factory.mktemp("hosts"), tag=f"slurm{os.getpid() % 100000}"
-    ).start()  # stops what it started if it fails
-    try:
-        yield started
-    finally:
-        started.stop()
+    yield from netns_cluster(tmp_path_factory, tag=f"slurm{os.getpid() % 100000}")
 
 
 @pytest.fixture(scope="module")
@@ -59,12 +54,7 @@ def cluster(
         started.stop()
 
 
-@pytest.fixture(scope="module")
-def dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("data") / "synthetic"
-    cardinalities = [int(c) for c in CARDINALITIES.split(",")]
-    generate_split_binary(path, cardinalities, rows={"train": 20_000, "test": 4_000}, seed=5)
-    return path
+dataset = dataset_fixture(JOB_TABLES, 13, {"train": 20_000, "test": 4_000}, seed=5)
 
 
 @pytest.mark.parametrize("script", ["train_horovodrun.sbatch", "train_srun.sbatch"])
@@ -78,14 +68,14 @@ def test_two_node_job_runs_a_rank_on_each_node(
         # horovodrun: the hosts' link (lo would be chosen otherwise). srun: unused.
         "HOROVODRUN_ARGS": f"--network-interface {INTERFACE}",
     }
-    job = submit(
-        cluster, script, output, environment, TRAIN_FLAGS, ("--ntasks-per-node=1",), nodes=2
+    job = run_script(
+        cluster, script, output, environment, JOB_FLAGS, ("--ntasks-per-node=1",), nodes=2
     )
 
     assert_completed(job, output)
     assert job.get("NodeList") == "node[1-2]", f"{job}\n{tail(output)}"
-    assert metrics_summary(checkpoints / "metrics.jsonl", output)["world_size"] == 2
-    start = json.loads((checkpoints / "metrics.jsonl").read_text().splitlines()[0])
+    assert job_summary(checkpoints / "metrics.jsonl", output)["world_size"] == 2
+    start = read_records(checkpoints / "metrics.jsonl")[0]
     assert start["event"] == "start", f"{start}\n{tail(output)}"
     assert sorted(start["hosts"]) == ["node1", "node2"], f"{start['hosts']}\n{tail(output)}"
     plan = json.loads((checkpoints / "sharding_plan.json").read_text())

@@ -1,7 +1,7 @@
 """`python -m preproc.criteo` on a Spark standalone cluster across two hosts.
 
 The hosts are node1 and node2 of a `NetnsCluster` (network namespaces with their
-own address and hostname; tests/integration/netns_cluster.py). A master and a
+own address and hostname; tests/harness/netns.py). A master and a
 worker run on node1, a second worker on node2, each bound to its host's address,
 with one core and a small heap; the driver runs on node1 and the executors reach
 it at node1's address. Every host sees the one file system, as a cluster's NFS.
@@ -34,7 +34,7 @@ from dataloading.criteo_tsv import generate_criteo_tsv
 from preproc.pipeline import REPORT_FILE, WORK_DIR
 from preproc.spark import JIT_OPTIONS
 from preproc.stages import SUCCESS
-from tests.harness.netns import ClusterError, NetnsCluster, install_reason
+from tests.harness.netns import ClusterError, NetnsCluster, netns_cluster
 from tests.harness.processes import REPO, process_env, run
 
 MASTER_PORT = 7077
@@ -220,20 +220,21 @@ class StandaloneSpark:
 
 
 @pytest.fixture(scope="module")
-def spark_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StandaloneSpark]:
-    reason = install_reason()
-    if reason is not None:
-        pytest.skip(reason)
+def hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NetnsCluster]:
+    """Stopped after the Spark cluster, with whatever else runs on them."""
     # A tag of its own: another module's NetnsCluster in this process defaults to the pid's.
-    hosts = NetnsCluster(
-        tmp_path_factory.mktemp("hosts"), tag=f"spark{os.getpid() % 100000}"
-    ).start()  # stops what it started if it fails
+    yield from netns_cluster(tmp_path_factory, tag=f"spark{os.getpid() % 100000}")
+
+
+@pytest.fixture(scope="module")
+def spark_cluster(
+    hosts: NetnsCluster, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[StandaloneSpark]:
     spark = StandaloneSpark(hosts, tmp_path_factory.mktemp("spark"))
     try:
         yield spark.start()
     finally:
         spark.stop()
-        hosts.stop()  # and whatever else runs on the hosts
 
 
 @pytest.fixture(scope="module")
@@ -256,7 +257,7 @@ def local_run(raw: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The reference: the same preprocessing in local mode on this machine, with
     its intermediate files kept (the kill test resumes from them)."""
     out = tmp_path_factory.mktemp("standalone") / "local"
-    result = run(
+    run(
         [
             sys.executable, "-m", "preproc.criteo",
             "--input_dir", str(raw), "--output_dir", str(out), *PIPELINE_FLAGS,
@@ -264,8 +265,8 @@ def local_run(raw: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
             "--spark_conf", "spark.ui.enabled=false",
         ],
         timeout=RUN_TIMEOUT_S,
+        check=True,
     )  # fmt: skip
-    assert result.returncode == 0, result.stderr[-3000:]
     return out
 
 

@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-DOCKERFILES = [ROOT / "Dockerfile", *sorted((ROOT / "docker").glob("*.Dockerfile"))]
+from tests.harness.processes import REPO
+
+DOCKERFILES = [REPO / "Dockerfile", *sorted((REPO / "docker").glob("*.Dockerfile"))]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,7 +102,7 @@ def stages(path: Path) -> dict[str, list[Instruction]]:
 
 def test_training_image_variants_are_stages() -> None:
     """`--build-arg VARIANT=cpu|gpu` picks a stage that tells install.sh the variant."""
-    by_name = stages(ROOT / "Dockerfile")
+    by_name = stages(REPO / "Dockerfile")
     assert "FROM base-${VARIANT}" in [f"FROM {i.arguments}" for i in by_name[""]]
     for variant in ("cpu", "gpu"):
         env = " ".join(i.arguments for i in by_name[f"base-{variant}"] if i.keyword == "ENV")
@@ -112,7 +113,7 @@ def test_training_image_variants_are_stages() -> None:
 
 
 def test_training_image_installs_with_the_tested_script_before_the_code() -> None:
-    image = stages(ROOT / "Dockerfile")[""]
+    image = stages(REPO / "Dockerfile")[""]
     install = next(
         n
         for n, i in enumerate(image)
@@ -148,15 +149,15 @@ def pins(path: Path) -> dict[str, str]:
 
 
 def test_spark_image_installs_the_project_pins() -> None:
-    runs = run_lines(ROOT / "docker" / "spark.Dockerfile")
+    runs = run_lines(REPO / "docker" / "spark.Dockerfile")
     assert any("-r docker/requirements-spark.txt -c constraints.txt" in run for run in runs)
     names = [
         line.strip().lower()
-        for line in (ROOT / "docker" / "requirements-spark.txt").read_text().splitlines()
+        for line in (REPO / "docker" / "requirements-spark.txt").read_text().splitlines()
         if line.strip() and not line.startswith("#")
     ]
     assert "pyspark" in names
-    constraints, requirements = pins(ROOT / "constraints.txt"), pins(ROOT / "requirements.txt")
+    constraints, requirements = pins(REPO / "constraints.txt"), pins(REPO / "requirements.txt")
     for name in names:
         assert name in constraints, f"{name}: not pinned in constraints.txt"
         assert constraints[name] == requirements.get(name, constraints[name])
@@ -166,7 +167,7 @@ def test_build_context_leaves_out_the_host_environment() -> None:
     # `COPY . .` after the install would otherwise replace the image's .venv.
     ignored = {
         line.strip().rstrip("/")
-        for line in (ROOT / ".dockerignore").read_text().splitlines()
+        for line in (REPO / ".dockerignore").read_text().splitlines()
         if line.strip() and not line.startswith("#")
     }
     assert {".venv", ".cache", ".git", "runs", "demo_output"} <= ignored

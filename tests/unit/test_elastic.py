@@ -19,9 +19,14 @@ from dlrm.app.modes.training import TrainProgress, train
 from dlrm.checkpoint.format import CheckpointError
 from dlrm.distributed.launcher import launched_elastic
 from dlrm.distributed.membership import lost_a_rank, lost_peer
-from tests.unit.test_training_loop import STEPS, dataset, session, steps_saved
+from tests.harness.assembly import SMALL_MODEL, assembled_run
+from tests.harness.checkpoints import checkpoint_steps
+from tests.harness.datasets import SMALL_TABLES, dataset_fixture
 
-__all__ = ["dataset"]  # the module fixture, shared
+STEPS = 10
+dataset = dataset_fixture(
+    SMALL_TABLES, 3, {"train": 8 * SMALL_MODEL["batch_size"], "test": 200}, seed=4
+)
 
 GLOO_READ_ERROR = (
     "Graph execution error:\n[third_party/gloo/gloo/transport/tcp/pair.cc:589] Read error "
@@ -68,7 +73,14 @@ def test_an_elastic_run_needs_a_checkpoint_directory() -> None:
 def test_progress_and_the_hook_after_each_checkpoint_before_the_last(
     dataset: Path, tmp_path: Path
 ) -> None:
-    s = session(dataset, save_checkpoint_path=str(tmp_path), checkpoint_every_steps=4)
+    s = assembled_run(
+        dataset,
+        epochs=2,  # 8 steps an epoch: the run crosses an epoch
+        max_steps=STEPS,
+        evals_per_epoch=0,
+        save_checkpoint_path=str(tmp_path),
+        checkpoint_every_steps=4,
+    )
     progress = TrainProgress()
     firsts: list[int] = []
     progress.on_first_step = lambda: firsts.append(progress.step)
@@ -77,4 +89,4 @@ def test_progress_and_the_hook_after_each_checkpoint_before_the_last(
     assert summary["steps"] == progress.step == STEPS and progress.start_step == 0
     assert firsts == [1]
     assert hooked == [4, 8]  # not after the last step's checkpoint (10)
-    assert steps_saved(tmp_path) == [4, 8, 10]
+    assert checkpoint_steps(tmp_path) == [4, 8, 10]

@@ -11,7 +11,6 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from dlrm import kernels
 from dlrm.optim.optimizers import Adagrad, Adam, Optimizer, Sgd
 
 SLOT_NAMES = {"sgd": (), "adagrad": ("accumulator",), "adam": ("m", "v")}
@@ -21,15 +20,6 @@ BETA_POWERS = (BETA_1**3, BETA_2**3)
 # The kernel works in float32, the reference in float64. bfloat16 gradients are
 # compared against the reference on the same bfloat16 values, so no looser.
 TOLERANCE = {"rtol": 1e-5, "atol": 1e-6}
-
-
-@pytest.fixture(scope="module")
-def library() -> Any:
-    module = kernels.load()
-    assert module is not None, (
-        f"the kernels are not built at {kernels.library_path()}: `make install` builds them"
-    )
-    return module
 
 
 @dataclasses.dataclass(frozen=True)

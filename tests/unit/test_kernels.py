@@ -14,20 +14,11 @@ import tensorflow as tf
 from dlrm import kernels
 from dlrm.embedding.base import fused_lookup
 from dlrm.model.interaction import dot_interaction
+from tests.harness.processes import run
 
-ROOT = Path(__file__).resolve().parents[2]
 # bfloat16 keeps 8 significant bits: results rounded once (the kernel) or after
 # each product (TensorFlow) differ by a few units of the last one.
 BFLOAT16_TOLERANCE = 2.0**-6
-
-
-@pytest.fixture(scope="module")
-def library() -> object:
-    module = kernels.load()
-    assert module is not None, (
-        f"the kernels are not built at {kernels.library_path()}: `make install` builds them"
-    )
-    return module
 
 
 def _as_float(x: tf.Tensor) -> np.ndarray:
@@ -212,16 +203,10 @@ def test_library_name_follows_sources_and_tensorflow(monkeypatch: pytest.MonkeyP
 
 def test_a_failed_build_says_why_and_leaves_nothing(tmp_path: Path) -> None:
     output = tmp_path / "built.so"
-    run = subprocess.run(
-        [sys.executable, "-m", "dlrm.kernels", "--output", str(output)],
-        cwd=ROOT,
-        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "CXX": "false"},
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    assert run.returncode == 1
-    assert "[kernels] not built: false exited with 1" in run.stderr
+    env = {"TF_CPP_MIN_LOG_LEVEL": "3", "CXX": "false"}
+    result = run([sys.executable, "-m", "dlrm.kernels", "--output", str(output)], 300, env)
+    assert result.returncode == 1
+    assert "[kernels] not built: false exited with 1" in result.stderr
     assert list(tmp_path.iterdir()) == []
 
 
@@ -287,21 +272,12 @@ def test_first_use_builds_the_library_once_for_ranks_that_start_together(tmp_pat
     library = f"dlrm_kernels-{kernels.fingerprint()}.so"
     assert sorted(p.name for p in (tmp_path / "kernels").iterdir()) == [".build.lock", library]
     # `python -m dlrm.kernels --if_missing`, as `make install` runs it, builds nothing more.
-    again = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "dlrm.kernels",
-            "--output",
-            str(tmp_path / "kernels" / library),
-            "--if_missing",
-        ],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+    again = run(
+        [sys.executable, "-m", "dlrm.kernels", "--output", str(tmp_path / "kernels" / library),
+         "--if_missing"],
+        timeout=300,
+        env={"TF_CPP_MIN_LOG_LEVEL": "3"},
+    )  # fmt: skip
     assert again.returncode == 0 and "up to date" in again.stdout, again.stderr
 
 
@@ -322,8 +298,8 @@ def test_a_failed_first_build_is_noted_once_and_not_repeated(tmp_path: Path) -> 
         )
         for _ in range(2)
     ]
-    for run in runs:
-        assert run.returncode == 0, run.stderr
-        assert "their build failed: no C++ compiler: 'no-such-compiler'" in run.stdout
+    for result in runs:
+        assert result.returncode == 0, result.stderr
+        assert "their build failed: no C++ compiler: 'no-such-compiler'" in result.stdout
     assert "compiling" in runs[0].stderr
     assert "compiling" not in runs[1].stderr  # the note of the first failure is read instead

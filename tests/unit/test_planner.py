@@ -453,8 +453,8 @@ def test_a_bad_plan_file_names_the_file(tmp_path: Any, content: str | None, mess
 
 
 def test_fewer_large_tables_than_ranks_are_sliced_so_every_rank_works() -> None:
-    # The job that once hung: one large table and two small ones on 2 ranks. The
-    # large one would be whole on one rank, leaving the other with no lookups.
+    # One large table and two small ones on 2 ranks: whole, the large one would be on
+    # one rank, leaving the other with no lookups (a job that hangs).
     tables = [TableSpec(3_000_000, 16), TableSpec(4, 16), TableSpec(10, 16)]
     config = PlannerConfig(2)
     plan = plan_sharding(tables, config)

@@ -31,7 +31,7 @@ from dlrm.optim.optimizers import create_optimizer
 from dlrm.train.precision import choose_precision
 from dlrm.train.schedule import DlrmSchedule, ScheduleConfig
 from dlrm.train.trainer import Trainer
-from tests.integration.scripts.hybrid_steps import DIM, plan_for
+from tests.harness.placements import DIM, plan_for
 from tests.unit.non_finite import nan_in_one_logit, nan_in_one_vector_gradient
 from tests.unit.simulated_ranks import Hub, SimulatedCollectives, run_ranks
 

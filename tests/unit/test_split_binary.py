@@ -14,6 +14,7 @@ from dataloading.split_binary import InputMode, LastBatch, ShardSpec, SplitBinar
 from dataloading.synthetic import generate_split_binary
 from feature_spec import FeatureSpec
 from feature_spec.staged import write_file_atomically
+from tests.harness.datasets import dataset_fixture
 
 # Odd sizes so that shape and offset bugs surface.
 CARDINALITIES = (23, 7, 300, 40000, 11)
@@ -22,22 +23,12 @@ TRAIN_ROWS = 1003
 GLOBAL_BATCH = 64
 
 
-@pytest.fixture(scope="module")
-def dataset_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("data") / "synthetic"
-    generate_split_binary(
-        out, CARDINALITIES, NUM_NUMERICAL, rows={"train": TRAIN_ROWS, "test": 130}, seed=3
-    )
-    return out
-
-
-@pytest.fixture(scope="module")
-def multi_hot_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("data") / "multihot"
-    generate_split_binary(
-        out, (23, 7, 300), 2, rows={"train": 200}, hotness=(1, 3, 2), seed=5, chunk_rows=77
-    )
-    return out
+dataset_dir = dataset_fixture(
+    CARDINALITIES, NUM_NUMERICAL, {"train": TRAIN_ROWS, "test": 130}, seed=3
+)
+multi_hot_dir = dataset_fixture(
+    (23, 7, 300), 2, {"train": 200}, seed=5, hotness=(1, 3, 2), chunk_rows=77
+)
 
 
 def contents(spec: FeatureSpec, mapping: str) -> dict[str, np.ndarray]:
@@ -394,20 +385,15 @@ VARIABLE_HOTNESS = (0, 1, 0)  # tables 0 and 2: 0 to 4 ids per row
 VARIABLE_ROWS = 211
 
 
-@pytest.fixture(scope="module")
-def variable_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("data") / "variable"
-    generate_split_binary(
-        out,
-        VARIABLE_CARDINALITIES,
-        2,
-        rows={"train": VARIABLE_ROWS},
-        hotness=VARIABLE_HOTNESS,
-        max_variable_hotness=4,
-        seed=6,
-        chunk_rows=50,
-    )
-    return out
+variable_dir = dataset_fixture(
+    VARIABLE_CARDINALITIES,
+    2,
+    {"train": VARIABLE_ROWS},
+    seed=6,
+    hotness=VARIABLE_HOTNESS,
+    max_variable_hotness=4,
+    chunk_rows=50,
+)
 
 
 def variable_rows(spec: FeatureSpec, name: str) -> list[np.ndarray]:

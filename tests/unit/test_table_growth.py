@@ -7,8 +7,6 @@ an error naming the table and both sizes."""
 
 from __future__ import annotations
 
-import io
-import json
 import re
 import shutil
 from pathlib import Path
@@ -20,10 +18,10 @@ import yaml
 
 from dataloading.errors import DatasetError
 from dataloading.synthetic import generate_split_binary
-from dlrm.app.assembly import AssembledRun, assemble_run
-from dlrm.app.config import ConfigError, RunConfig
+from dlrm.app.assembly import AssembledRun
+from dlrm.app.config import ConfigError
 from dlrm.app.modes.training import train
-from dlrm.app.reporting import MetricsLog
+from dlrm.app.records import read_records
 from dlrm.app.restore import open_checkpoint
 from dlrm.checkpoint.format import CheckpointError, list_checkpoints
 from dlrm.checkpoint.reader import Checkpoint
@@ -32,15 +30,17 @@ from dlrm.embedding.initializer import initial_table_values
 from dlrm.embedding.shard import ShardingKind
 from dlrm.train.state import restore_training_state
 from feature_spec.vocabulary import METADATA_KEY, VocabularyLineage
+from tests.harness.assembly import SMALL_MODEL, assembled_run, small_config
+from tests.harness.datasets import SMALL_TABLES
 from tests.unit.simulated_ranks import SimulatedCollectives, run_ranks
 
-DIM = 6
-BATCH = 64
-OLD = (23, 7, 11, 130, 5)
+DIM = SMALL_MODEL["embedding_dim"]
+BATCH = SMALL_MODEL["batch_size"]
+OLD = SMALL_TABLES
 # Table 3 crosses the data-parallel threshold below as it grows (780 -> 1,080 elements).
 NEW = (31, 7, 11, 180, 9)
 THRESHOLD = 1000
-SEED = 1
+SEED = SMALL_MODEL["seed"]
 
 
 def dataset(root: Path, name: str, cardinalities: tuple[int, ...], **lineage: Any) -> Path:
@@ -66,37 +66,21 @@ def days(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     }
 
 
-def config(data: Path, **overrides: Any) -> RunConfig:
-    values: dict[str, Any] = {
-        "dataset_path": str(data),
-        "batch_size": BATCH,
-        "optimizer": "adagrad",  # a slot per table row
-        "learning_rate": 0.05,
-        "warmup_steps": 0,
-        "decay_start_step": 0,
-        "embedding_dim": DIM,
-        "bottom_mlp_dims": (9, DIM),
-        "top_mlp_dims": (11, 1),
-        "seed": SEED,
-        "max_steps": 4,
-        "evals_per_epoch": 0,
-        "data_parallel_threshold": THRESHOLD,
-    }
-    values.update(overrides)
-    return RunConfig(**values)
+# The small model (Adagrad: a slot per table row) for 4 steps, the tables of at most
+# THRESHOLD elements replicated.
+GROWTH = {"max_steps": 4, "evals_per_epoch": 0, "data_parallel_threshold": THRESHOLD}
 
 
-def session(
+def assembled(
     data: Path, collectives: Any = None, log_path: Path | None = None, **overrides: Any
 ) -> AssembledRun:
-    log = MetricsLog(log_path, None, console=io.StringIO())
-    return assemble_run(config(data, **overrides), log, collectives)
+    return assembled_run(data, collectives, log_path, **{**GROWTH, **overrides})
 
 
 @pytest.fixture(scope="module")
 def day1_checkpoint(days: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("day1_run")
-    train(session(days["day1"], save_checkpoint_path=str(root)))
+    train(assembled(days["day1"], save_checkpoint_path=str(root)))
     return list_checkpoints(root)[-1]
 
 
@@ -147,8 +131,8 @@ def test_old_rows_and_slots_come_back_and_new_rows_start_as_a_new_model(
 ) -> None:
     checkpoint = Checkpoint(day1_checkpoint)
     assert checkpoint.step == 4
-    s = restored(session(days["day2"]), day1_checkpoint)
-    assert_grown(s, session(days["day2"]), checkpoint)
+    s = restored(assembled(days["day2"]), day1_checkpoint)
+    assert_grown(s, assembled(days["day2"]), checkpoint)
     # Trained rows differ from their initial values: the comparison above has teeth.
     trained = checkpoint.read_table_slice(0, (0, OLD[0]), (0, DIM), None)
     assert not np.array_equal(trained, initial_table_values(0, OLD[0], DIM, SEED))
@@ -160,8 +144,8 @@ def test_growth_on_two_ranks_where_a_table_changes_sharding_kind(
     checkpoint = Checkpoint(day1_checkpoint)
 
     def rank(collectives: SimulatedCollectives) -> dict[str, Any]:
-        s = session(days["day2"], collectives)
-        fresh = session(days["day2"], collectives)
+        s = assembled(days["day2"], collectives)
+        fresh = assembled(days["day2"], collectives)
         restored(s, day1_checkpoint)
         assert_grown(s, fresh, checkpoint, f"rank {collectives.rank}")
         assert s.plan is not None
@@ -171,7 +155,7 @@ def test_growth_on_two_ranks_where_a_table_changes_sharding_kind(
         }
 
     def plan_on_day1(collectives: SimulatedCollectives) -> Any:
-        s = session(days["day1"], collectives)
+        s = assembled(days["day1"], collectives)
         assert s.plan is not None
         return s.plan.tables[3].kind
 
@@ -185,7 +169,7 @@ def test_warm_start_trains_the_new_day_from_step_zero(
     days: dict[str, Path], day1_checkpoint: Path, tmp_path: Path
 ) -> None:
     summary = train(
-        session(
+        assembled(
             days["day2"],
             restore_checkpoint_path=str(day1_checkpoint),
             warm_start=True,
@@ -195,8 +179,7 @@ def test_warm_start_trains_the_new_day_from_step_zero(
         )
     )
     assert summary["steps"] == 3
-    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
-    (restore,) = [r for r in records if r["event"] == "restore"]
+    (restore,) = read_records(tmp_path / "metrics.jsonl", "restore")
     assert restore["warm_start"] and restore["saved_step"] == 4 and restore["step"] == 0
     pairs = enumerate(zip(OLD, NEW, strict=True))
     assert restore["grown"] == [{"table": t, "rows": o, "to": n} for t, (o, n) in pairs if o < n]
@@ -205,15 +188,18 @@ def test_warm_start_trains_the_new_day_from_step_zero(
     assert final.table_shape(3) == (NEW[3], DIM)
     assert final.manifest["vocabulary"] == "bbbb"
     # Without --warm_start the checkpoint's step (4) is where the run continues.
-    resumed = train(session(days["day2"], restore_checkpoint_path=str(day1_checkpoint)))
-    assert resumed["steps"] == 4
+    # (One step more than the checkpoint's: a run with nothing to train is an error.)
+    resumed = train(
+        assembled(days["day2"], restore_checkpoint_path=str(day1_checkpoint), max_steps=5)
+    )
+    assert (resumed["steps"], resumed["steps_this_run"]) == (5, 1)
 
 
 def test_a_checkpoint_with_more_rows_than_the_dataset_is_an_error(
     days: dict[str, Path], tmp_path: Path
 ) -> None:
-    train(session(days["day2"], save_checkpoint_path=str(tmp_path), max_steps=1))
-    s = session(days["day1"])
+    train(assembled(days["day2"], save_checkpoint_path=str(tmp_path), max_steps=1))
+    s = assembled(days["day1"])
     with pytest.raises(CheckpointError, match=r"table 0 has 31 rows, this run's dataset 23"):
         open_checkpoint(s, str(tmp_path))
 
@@ -228,7 +214,7 @@ def test_a_checkpoint_with_more_rows_than_the_dataset_is_an_error(
 def test_growth_needs_a_vocabulary_that_extends_the_checkpoints(
     days: dict[str, Path], day1_checkpoint: Path, name: str, why: str
 ) -> None:
-    s = session(days[name])
+    s = assembled(days[name])
     with pytest.raises(
         CheckpointError, match=r"table 0 has 23 rows, this run's dataset 31"
     ) as info:
@@ -238,10 +224,11 @@ def test_growth_needs_a_vocabulary_that_extends_the_checkpoints(
 
 def test_warm_start_flags_are_checked(days: dict[str, Path], tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="--warm_start: needs --restore_checkpoint_path"):
-        config(days["day2"], warm_start=True)
+        small_config(days["day2"], **GROWTH, warm_start=True)
     with pytest.raises(ConfigError, match="--warm_start: expected a --save_checkpoint_path of its"):
-        config(
+        small_config(
             days["day2"],
+            **GROWTH,
             warm_start=True,
             restore_checkpoint_path=str(tmp_path / "step_000000004"),
             save_checkpoint_path=str(tmp_path),
@@ -258,4 +245,4 @@ def test_a_malformed_vocabulary_record_stops_the_run_at_its_start(
     raw["metadata"][METADATA_KEY]["extends"] = "aaaa"  # a string, not a list
     spec_file.write_text(yaml.safe_dump(raw, sort_keys=False))
     with pytest.raises(DatasetError, match=r"metadata\.vocabulary\.extends: expected a list"):
-        session(data)
+        assembled(data)

@@ -13,46 +13,23 @@ import pytest
 import tensorflow as tf
 
 from dataloading.split_binary import Batch, ShardSpec, SplitBinaryDataset
-from dataloading.synthetic import generate_split_binary
 from dlrm import kernels
-from dlrm.app.assembly import AssembledRun, assemble_run
-from dlrm.app.config import RunConfig
-from dlrm.app.reporting import MetricsLog
+from dlrm.app.assembly import AssembledRun
 from dlrm.checkpoint.format import CheckpointError
 from dlrm.checkpoint.model_state import check_model_matches
 from dlrm.checkpoint.reader import Checkpoint
 from dlrm.train.state import restore_training_state, save_training_state
 from dlrm.train.trainer import REQUESTS, NonFiniteLossError
+from tests.harness.assembly import SMALL_MODEL, assembled_run
+from tests.harness.datasets import SMALL_TABLES, dataset_fixture, synthetic_dataset
 from tests.unit.non_finite import NAN, DenseForward, nan_in_one_logit, nan_in_one_vector_gradient
 
-CARDINALITIES = (23, 7, 11, 130, 5)
-BATCH = 64
+BATCH = SMALL_MODEL["batch_size"]
 # bfloat16 keeps 8 significant bits; round to nearest errs by at most half the last one.
 BFLOAT16_UNIT_ROUNDOFF = 2.0**-8
 
 
-@pytest.fixture(scope="module")
-def dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("data") / "synthetic"
-    generate_split_binary(path, CARDINALITIES, 3, rows={"train": 20 * BATCH, "test": 500}, seed=4)
-    return path
-
-
-def session(dataset: Path, **overrides: object) -> AssembledRun:
-    values: dict = {
-        "dataset_path": str(dataset),
-        "batch_size": BATCH,
-        "optimizer": "adagrad",
-        "learning_rate": 0.05,
-        "warmup_steps": 0,
-        "decay_start_step": 0,
-        "embedding_dim": 6,
-        "bottom_mlp_dims": (9, 6),
-        "top_mlp_dims": (11, 1),
-        "seed": 1,
-    }
-    values.update(overrides)
-    return assemble_run(RunConfig(**values), MetricsLog(None, None, console=io.StringIO()))
+dataset = dataset_fixture(SMALL_TABLES, 3, {"train": 20 * BATCH, "test": 500}, seed=4)
 
 
 def batches(dataset: Path, count: int) -> list[Batch]:
@@ -78,7 +55,7 @@ def flat(arrays: list[np.ndarray]) -> np.ndarray:
 @pytest.mark.parametrize("optimizer", ["sgd", "adagrad", "adam"])
 def test_loss_decreases(dataset: Path, optimizer: str) -> None:
     lr = {"sgd": 2.0, "adagrad": 0.1, "adam": 0.01}[optimizer]
-    s = session(dataset, optimizer=optimizer, learning_rate=lr)
+    s = assembled_run(dataset, optimizer=optimizer, learning_rate=lr)
     assert s.trainer is not None
     data = batches(dataset, 8)
     epoch_losses = []
@@ -106,8 +83,10 @@ def test_kernels_train_as_tensorflow_ops_do(
     uses the others; so does `--xla`, whose compiled dense part runs
     TensorFlow's interaction."""
     model = {**(CROSS if interaction == "cross" else {}), "xla": xla}
-    ours = session(dataset, optimizer=optimizer, learning_rate=0.2, **model)
-    reference = session(dataset, optimizer=optimizer, learning_rate=0.2, use_kernels=False, **model)
+    ours = assembled_run(dataset, optimizer=optimizer, learning_rate=0.2, **model)
+    reference = assembled_run(
+        dataset, optimizer=optimizer, learning_rate=0.2, use_kernels=False, **model
+    )
     assert ours.trainer is not None and reference.trainer is not None
     assert ours.model.use_kernels and not reference.model.use_kernels
     if interaction == "dot":
@@ -138,8 +117,8 @@ def test_dense_chunks_train_and_predict_as_the_whole_batch_does(
     64 rows, their gradients summed, trains as the whole batch does (float32:
     only the order of the additions differs), and predicts the same."""
     model = {**(CROSS if interaction == "cross" else {}), "xla": xla, "optimizer": optimizer}
-    chunked = session(dataset, learning_rate=0.2, dense_chunk_rows=24, **model)
-    whole = session(dataset, learning_rate=0.2, dense_chunk_rows=0, **model)
+    chunked = assembled_run(dataset, learning_rate=0.2, dense_chunk_rows=24, **model)
+    whole = assembled_run(dataset, learning_rate=0.2, dense_chunk_rows=0, **model)
     assert chunked.trainer is not None and whole.trainer is not None
     data = batches(dataset, 4)
     assert_train_alike(chunked, whole, data)
@@ -219,9 +198,7 @@ def test_without_built_kernels_training_says_so_and_runs_tensorflow_ops(
 
     monkeypatch.setattr(kernels, "build", no_compiler)
     console = io.StringIO()
-    values = {"dataset_path": str(dataset), "batch_size": BATCH, "embedding_dim": 6}
-    values |= {"bottom_mlp_dims": (9, 6), "top_mlp_dims": (11, 1)}
-    s = assemble_run(RunConfig(**values), MetricsLog(None, None, console=console))
+    s = assembled_run(dataset, console=console)
     printed = console.getvalue()
     assert "the CPU kernels are not in use (their build failed: no C++ compiler" in printed
     assert printed.count("CPU kernels") == 1, printed  # one line
@@ -233,8 +210,8 @@ def test_without_built_kernels_training_says_so_and_runs_tensorflow_ops(
 
 @pytest.mark.parametrize(("amp", "xla"), [(True, False), (False, True), (True, True)])
 def test_amp_and_xla_train_and_match_fp32(dataset: Path, amp: bool, xla: bool) -> None:
-    reference = session(dataset, learning_rate=0.2)
-    variant = session(dataset, learning_rate=0.2, amp=amp, xla=xla)
+    reference = assembled_run(dataset, learning_rate=0.2)
+    variant = assembled_run(dataset, learning_rate=0.2, amp=amp, xla=xla)
     assert reference.trainer is not None and variant.trainer is not None
     assert variant.precision.dtype_policy == ("mixed_bfloat16" if amp else "float32")
     for a, b in zip(weights(reference), weights(variant), strict=True):
@@ -284,18 +261,19 @@ def test_resume_gives_the_same_weights_as_an_uninterrupted_run(
     dataset: Path, tmp_path: Path, optimizer: str
 ) -> None:
     data = batches(dataset, 10)
-    straight = session(dataset, optimizer=optimizer)
+    straight = assembled_run(dataset, optimizer=optimizer)
     assert straight.trainer is not None
     for b in data:
         straight.trainer.train_step(b)
 
-    first = session(dataset, optimizer=optimizer)
+    first = assembled_run(dataset, optimizer=optimizer)
     assert first.trainer is not None
     for b in data[:5]:
         first.trainer.train_step(b)
     path = save_training_state(first.trainer, tmp_path, {"model": first.model_config.to_dict()})
 
-    resumed = session(dataset, optimizer=optimizer, seed=99)  # other init: all must be restored
+    # Another initialization: everything must be restored.
+    resumed = assembled_run(dataset, optimizer=optimizer, seed=99)
     assert resumed.trainer is not None
     checkpoint = Checkpoint(path)
     check_model_matches(checkpoint, resumed.model_config.to_dict())
@@ -324,13 +302,13 @@ def optimizer_state(s: AssembledRun) -> dict[str, np.ndarray]:
 
 
 def test_checkpoint_of_another_model_is_refused(dataset: Path, tmp_path: Path) -> None:
-    s = session(dataset)
+    s = assembled_run(dataset)
     assert s.trainer is not None
     path = save_training_state(s.trainer, tmp_path, {"model": s.model_config.to_dict()})
-    other = session(dataset, embedding_dim=4, bottom_mlp_dims=(9, 4))
+    other = assembled_run(dataset, embedding_dim=4, bottom_mlp_dims=(9, 4))
     with pytest.raises(CheckpointError, match=r"embedding_dim: checkpoint 6, this run 4"):
         check_model_matches(Checkpoint(path), other.model_config.to_dict())
-    adam = session(dataset, optimizer="adam")
+    adam = assembled_run(dataset, optimizer="adam")
     assert adam.trainer is not None
     with pytest.raises(
         CheckpointError, match=r"--optimizer adagrad, this run uses --optimizer adam"
@@ -367,7 +345,7 @@ def test_a_non_finite_step_is_not_applied_and_stops_training(
     poison: Callable[[DenseForward, tf.Variable], DenseForward],
     loss_is_finite: bool,
 ) -> None:
-    s = session(dataset)
+    s = assembled_run(dataset)
     assert s.trainer is not None
     # The trainer traces dense_forward on its first step, so patch it before
     # that; the switch is a variable, read by the trace at every step.
@@ -387,7 +365,7 @@ def test_a_non_finite_step_is_not_applied_and_stops_training(
 def test_nan_in_a_numerical_input_is_not_applied_and_stops_training(
     dataset: Path, tmp_path: Path
 ) -> None:
-    s = session(dataset)
+    s = assembled_run(dataset)
     assert s.trainer is not None
     data = batches(dataset, 4)
     for b in data[:3]:
@@ -414,7 +392,7 @@ CROSS = {
 
 @pytest.mark.parametrize(("amp", "xla"), [(False, False), (True, False), (False, True)])
 def test_cross_with_per_table_widths_trains(dataset: Path, amp: bool, xla: bool) -> None:
-    s = session(dataset, learning_rate=0.1, amp=amp, xla=xla, **CROSS)
+    s = assembled_run(dataset, learning_rate=0.1, amp=amp, xla=xla, **CROSS)
     assert s.trainer is not None
     assert [v.shape[1] for v in s.trainer.embedding_variables] == [4, 6, 3, 5, 8]
     # Top MLP input: 7 (bottom) + 26 (embeddings), the cross network's width.
@@ -431,7 +409,7 @@ def test_cross_with_per_table_widths_trains(dataset: Path, amp: bool, xla: bool)
 def test_a_dot_checkpoint_of_before_cross_layers_restores(dataset: Path, tmp_path: Path) -> None:
     """Manifests written before the cross interaction and pooling existed have
     no such fields: they describe dot models that sum, and restore into one."""
-    s = session(dataset)
+    s = assembled_run(dataset)
     assert s.trainer is not None
     for b in batches(dataset, 2):
         s.trainer.train_step(b)
@@ -439,7 +417,7 @@ def test_a_dot_checkpoint_of_before_cross_layers_restores(dataset: Path, tmp_pat
     for key in ("interaction", "num_cross_layers", "cross_layer_projection_dim", "pooling"):
         del old[key]
     path = save_training_state(s.trainer, tmp_path, {"model": old})
-    resumed = session(dataset, seed=99)
+    resumed = assembled_run(dataset, seed=99)
     assert resumed.trainer is not None
     check_model_matches(Checkpoint(path), resumed.model_config.to_dict())
     assert restore_training_state(resumed.trainer, Checkpoint(path)) == 2
@@ -448,10 +426,10 @@ def test_a_dot_checkpoint_of_before_cross_layers_restores(dataset: Path, tmp_pat
 
 
 def test_a_cross_checkpoint_is_refused_by_a_dot_model(dataset: Path, tmp_path: Path) -> None:
-    cross = session(dataset, **CROSS)
+    cross = assembled_run(dataset, **CROSS)
     assert cross.trainer is not None
     path = save_training_state(cross.trainer, tmp_path, {"model": cross.model_config.to_dict()})
-    dot = session(dataset)
+    dot = assembled_run(dataset)
     with pytest.raises(CheckpointError, match=r"interaction: checkpoint 'cross', this run 'dot'"):
         check_model_matches(Checkpoint(path), dot.model_config.to_dict())
 
@@ -463,11 +441,12 @@ def test_int64_ids_train_as_int32_ids_do(
     """The same rows stored with int64 ids (as tables of more than 2^31 rows
     need): int64 ids reach the lookups and the sparse updates, with the
     weights of the int32 run."""
-    wide = tmp_path_factory.mktemp("wide") / "synthetic"
-    generate_split_binary(
-        wide, CARDINALITIES, 3, rows={"train": 20 * BATCH, "test": 500}, seed=4, id_dtype="int64"
+    rows = {"train": 20 * BATCH, "test": 500}
+    wide = synthetic_dataset(tmp_path_factory, SMALL_TABLES, 3, rows, 4, id_dtype="int64")
+    narrow_run, wide_run = (
+        assembled_run(dataset, optimizer=optimizer),
+        assembled_run(wide, optimizer=optimizer),
     )
-    narrow_run, wide_run = session(dataset, optimizer=optimizer), session(wide, optimizer=optimizer)
     assert narrow_run.trainer is not None and wide_run.trainer is not None
     for narrow_batch, wide_batch in zip(batches(dataset, 4), batches(wide, 4), strict=True):
         assert wide_batch.categorical.dtype == tf.int64

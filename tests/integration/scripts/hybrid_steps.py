@@ -43,6 +43,7 @@ from dlrm.distributed.collectives import Collectives, create_collectives
 from dlrm.embedding.planner.types import TableSpec
 from dlrm.variables import variable_name
 from feature_spec import FeatureSpec
+from tests.harness.assembly import small_config
 from tests.harness.placements import DIM, PLANNER_DATA_PARALLEL_THRESHOLD, plan_for
 
 CHUNK_ROWS = 20  # under the chunks variant: 96 rows are 20 x 4 + 16, 48 are 20 x 2 + 8
@@ -73,20 +74,15 @@ def main() -> None:
 def run_config(
     dataset: str, kind: str, input_mode: str, optimizer: str, variant: set[str], batch: int
 ) -> RunConfig:
-    """The flags of a run: the model, its variant, and under `planner` the
-    threshold that replicates the smallest tables."""
+    """The flags of a run: the small model (tests/harness/assembly.py), its variant,
+    and under `planner` the threshold that replicates the smallest tables."""
     cross, tables = "cross" in variant, len(FeatureSpec.load(dataset).cardinalities)
-    return RunConfig(
-        dataset_path=dataset,
+    return small_config(
+        dataset,
         batch_size=batch,
         optimizer=optimizer,
         learning_rate=LEARNING_RATES[optimizer],
-        warmup_steps=0,
-        decay_start_step=0,
-        seed=1,
         embedding_dim=tuple(CROSS_WIDTHS[t % 3] for t in range(tables)) if cross else (DIM,),
-        bottom_mlp_dims=(9, DIM),
-        top_mlp_dims=(11, 1),
         interaction="cross" if cross else "dot",
         num_cross_layers=2,
         cross_layer_projection_dim=5,

@@ -16,7 +16,6 @@ time and peak RSS of each phase.
 
 from __future__ import annotations
 
-import io
 import json
 import resource
 import sys
@@ -28,13 +27,12 @@ import numpy as np
 import tensorflow as tf
 
 from dataloading.split_binary import Batch, ShardSpec, SplitBinaryDataset
-from dlrm.app.assembly import AssembledRun, assemble_run
-from dlrm.app.config import RunConfig
-from dlrm.app.reporting import MetricsLog
+from dlrm.app.assembly import AssembledRun
 from dlrm.checkpoint.reader import Checkpoint
 from dlrm.embedding.base import assign_rows, read_rows
 from dlrm.embedding.initializer import initial_table_values
 from dlrm.train.state import restore_training_state, save_training_state
+from tests.harness.assembly import assembled_run
 
 BATCH = 16
 REFERENCE_ROWS = 32
@@ -58,20 +56,18 @@ def reset_peak() -> None:
     Path("/proc/self/clear_refs").write_text("5")
 
 
-def session(dataset: str) -> AssembledRun:
-    config = RunConfig(
-        dataset_path=dataset,
+def assembled(dataset: str) -> AssembledRun:
+    """A width-1 model trained by SGD, in this process."""
+    return assembled_run(
+        dataset,
         batch_size=BATCH,
         optimizer="sgd",
         learning_rate=0.5,
-        warmup_steps=0,
-        decay_start_step=0,
         embedding_dim=(1,),
         bottom_mlp_dims=(3, 1),
         top_mlp_dims=(4, 1),
         seed=SEED,
     )
-    return assemble_run(config, MetricsLog(None, None, console=io.StringIO()))
 
 
 def table(s: AssembledRun) -> Any:
@@ -95,7 +91,7 @@ def main(dataset: str, reference_dataset: str, checkpoints: str, steps: int) -> 
         return now
 
     mark = phase("start", started)  # TensorFlow imported
-    large = session(dataset)
+    large = assembled(dataset)
     assert large.trainer is not None
     variable = table(large)
     rows, dim = large.model.embeddings.table_shape(0)
@@ -118,7 +114,7 @@ def main(dataset: str, reference_dataset: str, checkpoints: str, steps: int) -> 
         "untouched": rows_of(variable, untouched),
     }
 
-    reference = session(reference_dataset)
+    reference = assembled(reference_dataset)
     assert reference.trainer is not None
     # The small table starts as the large one's looked-up rows, and the dense
     # weights are the same: the reference is the same model on those rows.
