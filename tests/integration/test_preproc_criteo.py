@@ -11,6 +11,7 @@ import gzip
 import math
 import re
 import shutil
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ import pytest
 from dataloading.criteo_tsv import generate_criteo_tsv
 from feature_spec import FeatureSpec, criteo_feature_spec, minimal_categorical_dtype
 from preproc.config import InputFile, NumericalTransform, PipelineConfig
+from preproc.encode import concatenate_parts
 from preproc.errors import PreprocessingError
 from preproc.layout import criteo_layout
 from preproc.pipeline import run_pipeline
@@ -71,21 +73,18 @@ def raw(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, int]]
 
 
 def criteo_config(raw_dir: Path, output_dir: Path, **overrides: Any) -> PipelineConfig:
-    names = [f"day_{d}" for d in range(DAYS)]
-    files = [raw_dir / n for n in names]
+    splits = ["train"] * (DAYS - 1) + ["test"]
     settings: dict[str, Any] = {
         "layout": criteo_layout(),
-        "files": tuple(
-            InputFile.of(p, "test" if i == DAYS - 1 else "train") for i, p in enumerate(files)
-        ),
+        "files": tuple(InputFile.of(raw_dir / f"day_{d}", split) for d, split in enumerate(splits)),
         "mappings": ("train", "test"),
         "output_dir": output_dir,
         "frequency_thresholds": THRESHOLDS,
         "numerical_transform": NumericalTransform.LOG,
         "seed": SEED,
         "keep_intermediate": True,
+        **overrides,
     }
-    settings.update(overrides)
     return PipelineConfig(**settings)
 
 
@@ -131,10 +130,7 @@ def reference(raw_dir: Path, seed: int = SEED) -> dict[str, Any]:
     ]
     cardinalities = [len(v) + 1 for v in vocabularies]
     dtypes = [minimal_categorical_dtype(c) for c in cardinalities]
-    malformed: dict[str, int] = {}
-    for _, bad in parsed:
-        for _, reason in bad:
-            malformed[reason] = malformed.get(reason, 0) + 1
+    malformed = Counter(reason for _, bad in parsed for _, reason in bad)
     return {
         "cardinalities": cardinalities,
         "train": expected_arrays(train, vocabularies, dtypes, shuffle=True, seed=seed),
@@ -225,18 +221,15 @@ def test_resumes_after_a_stage_fails_midway(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    import preproc.encode
-
     out = tmp_path / "resumed"
-    real_concatenate = preproc.encode.concatenate_parts
 
     def fail_on_test(part: Any, output_dir: Path) -> int:
         if output_dir.name.startswith(".test"):
             (output_dir / "label.bin").write_bytes(b"\1\0")  # half written
             raise RuntimeError("injected failure")
-        return real_concatenate(part, output_dir)
+        return concatenate_parts(part, output_dir)
 
-    monkeypatch.setattr(preproc.encode, "concatenate_parts", fail_on_test)
+    monkeypatch.setattr("preproc.encode.concatenate_parts", fail_on_test)
     with pytest.raises(RuntimeError, match="injected failure"):
         run_pipeline(criteo_config(raw[0], out), spark, console=lambda line: None)
     # Finished stages are published; the failed one left no directory that looks done.
@@ -245,7 +238,7 @@ def test_resumes_after_a_stage_fails_midway(
     assert not (out / "feature_spec.yaml").exists() and not (out / "_SUCCESS").exists()
     assert not list(out.rglob("test/_SUCCESS"))
 
-    monkeypatch.setattr(preproc.encode, "concatenate_parts", real_concatenate)
+    monkeypatch.setattr("preproc.encode.concatenate_parts", concatenate_parts)
     lines: list[str] = []
     run_pipeline(criteo_config(raw[0], out), spark, console=lines.append)
     for stage in ("parse", "vocabulary", "train"):
@@ -296,10 +289,9 @@ def test_cli_reads_gzipped_days(
     )  # fmt: skip
     assert re.search(r"^train\s+[\d,]+\s+[\d,]+\s+[\d.]+%$", result.stdout, re.MULTILINE)
     assert "[preproc] parse: done in" in result.stderr
-    expected_files = sorted(
-        p.relative_to(reference_run[0]) for p in reference_run[0].rglob("*.bin")
-    )
+    reference_dir = reference_run[0]
+    expected_files = sorted(p.relative_to(reference_dir) for p in reference_dir.rglob("*.bin"))
     assert sorted(p.relative_to(out) for p in out.rglob("*.bin")) == expected_files
     for name in expected_files:
-        assert (out / name).read_bytes() == (reference_run[0] / name).read_bytes(), name
+        assert (out / name).read_bytes() == (reference_dir / name).read_bytes(), name
     assert not (out / "_work").exists()  # intermediates removed after success

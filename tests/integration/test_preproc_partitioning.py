@@ -7,6 +7,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from pyspark.sql import functions as F
 
 from preproc.encode import BUCKET_COLUMN, bucket_partition, partition_keys, spark_int_hash
 from tests.harness.spark import spark_fixture
@@ -15,8 +16,6 @@ spark = spark_fixture()
 
 
 def test_int_hash_is_sparks(spark: Any) -> None:
-    from pyspark.sql import functions as F
-
     keys = np.concatenate([np.arange(5000), np.random.default_rng(0).integers(0, 2**31, 5000)])
     frame = spark.createDataFrame([(int(k),) for k in keys], "k int")
     rows = frame.select("k", F.hash("k").alias("h")).collect()
@@ -30,8 +29,6 @@ def test_int_hash_is_sparks(spark: Any) -> None:
 def test_each_task_gets_its_own_consecutive_buckets(
     spark: Any, partitions: int, buckets: int
 ) -> None:
-    from pyspark.sql import functions as F
-
     rows = spark.range(buckets * 20).select(
         (F.col("id") % buckets).cast("int").alias(BUCKET_COLUMN)
     )

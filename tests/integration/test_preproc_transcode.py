@@ -10,7 +10,6 @@ from __future__ import annotations
 import gzip
 import random
 import re
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +23,7 @@ from feature_spec import FeatureSpec, minimal_categorical_dtype
 from preproc.errors import PreprocessingError
 from preproc.pipeline import run_pipeline
 from preproc.transcode import build_parser, transcode_config
-from tests.harness.processes import run
+from tests.harness.processes import main_py
 from tests.harness.spark import spark_fixture
 from tests.integration.scripts.preproc_reference import (
     Row,
@@ -137,23 +136,25 @@ def parse_file(path: Path, file: int) -> tuple[list[Row], dict[str, int], int]:
     return rows, malformed, headers
 
 
+def transcode(spark: Any, spec: Path, out: Path, *flags: str) -> dict[str, Any]:
+    """The report of `preproc.transcode` of `spec` into `out` with `flags`, run in `spark`."""
+    arguments = ["--feature_spec", str(spec), "--output_dir", str(out), *flags]
+    config = transcode_config(build_parser().parse_args(arguments))
+    return run_pipeline(config, spark, console=lambda line: None)
+
+
 def test_transcode_matches_the_python_model(spark: Any, raw: Path, tmp_path: Path) -> None:
     out = tmp_path / "dataset"
-    args = build_parser().parse_args(
-        [
-            "--feature_spec", str(raw / "spec.yaml"), "--output_dir", str(out),
-            "--frequency_threshold", str(THRESHOLD),
-            "--feature_frequency_threshold", f"device={DEVICE_THRESHOLD}",
-            "--seed", "3",
-        ]
+    report = transcode(
+        spark, raw / "spec.yaml", out,
+        "--frequency_threshold", str(THRESHOLD),
+        "--feature_frequency_threshold", f"device={DEVICE_THRESHOLD}",
+        "--seed", "3",
     )  # fmt: skip
-    report = run_pipeline(transcode_config(args), spark, console=lambda line: None)
 
-    parsed = [
-        parse_file(raw / name, i)
-        for i, name in enumerate(["train_a.csv", "train_b.csv.gz", "test.csv"])
-    ]
+    parsed = [parse_file(raw / name, i) for i, name in enumerate([*TRAIN_FILES, "test.csv"])]
     train = parsed[0][0] + parsed[1][0]
+    splits = {"train": train, "test": parsed[2][0]}
     thresholds = (THRESHOLD, DEVICE_THRESHOLD, THRESHOLD)
     vocabularies: list[dict[Any, int] | None] = [
         build_vocabulary((r.categorical[i] for r in train), thresholds[i]) for i in range(3)
@@ -173,7 +174,7 @@ def test_transcode_matches_the_python_model(spark: Any, raw: Path, tmp_path: Pat
 
     expected = {
         "train": expected_arrays(train, vocabularies, dtypes, shuffle=True, seed=3),
-        "test": expected_arrays(parsed[2][0], vocabularies, dtypes, shuffle=False, seed=3),
+        "test": expected_arrays(splits["test"], vocabularies, dtypes, shuffle=False, seed=3),
     }
     for mapping, arrays in expected.items():
         actual = read_mapping(out, mapping)
@@ -187,10 +188,7 @@ def test_transcode_matches_the_python_model(spark: Any, raw: Path, tmp_path: Pat
     assert report["malformed"] == malformed
     assert report["header_lines"] == 1
     price = next(n for n in report["numerical"] if n["name"] == "price")
-    huge = {
-        m: sum(r.numerical[0] > 65504 for r in rows)
-        for m, rows in [("train", train), ("test", parsed[2][0])]
-    }
+    huge = {m: sum(r.numerical[0] > 65504 for r in rows) for m, rows in splits.items()}
     assert price["saturated"] == huge and huge["train"] > 0
 
     loss, change = train_one_step(out)
@@ -279,23 +277,16 @@ def test_list_columns_write_ids_and_global_offsets(
     limits): small vocabularies are summed on the driver and looked up by the binary
     writers; medium ones joined by broadcast; large ones summed by Spark and joined
     with a shuffle."""
-    import preproc.encode
-    import preproc.vocabulary
-
     if size != "small":
-        monkeypatch.setattr(preproc.encode, "WRITER_VOCABULARY_IDS", 0)
+        monkeypatch.setattr("preproc.encode.WRITER_VOCABULARY_IDS", 0)
     if size == "large":
-        monkeypatch.setattr(preproc.encode, "BROADCAST_VOCABULARY_IDS", 0)
-        monkeypatch.setattr(preproc.vocabulary, "DRIVER_COUNT_ROWS", 0)
+        monkeypatch.setattr("preproc.encode.BROADCAST_VOCABULARY_IDS", 0)
+        monkeypatch.setattr("preproc.vocabulary.DRIVER_COUNT_ROWS", 0)
     out = tmp_path / "dataset"
-    args = build_parser().parse_args(
-        [
-            "--feature_spec", str(raw_lists / "spec.yaml"), "--output_dir", str(out),
-            "--frequency_threshold", str(THRESHOLD), "--seed", "4",
-            "--rows_per_partition", "40",  # many tasks and buckets: offsets must carry over
-        ]
+    report = transcode(
+        spark, raw_lists / "spec.yaml", out, "--frequency_threshold", str(THRESHOLD), "--seed", "4",
+        "--rows_per_partition", "40",  # many tasks and buckets: offsets must carry over
     )  # fmt: skip
-    report = run_pipeline(transcode_config(args), spark, console=lambda line: None)
 
     train = (raw_lists / "train.csv").read_text().split("\n")[:-1]
     test = (raw_lists / "test.csv").read_text().split("\n")[:-1]
@@ -356,14 +347,10 @@ def test_list_columns_write_ids_and_global_offsets(
 
     # main.py trains on it: the list features pooled by mean, evaluated.
     log = tmp_path / "train.jsonl"
-    run(
-        [
-            sys.executable, "main.py", f"--dataset_path={out}", "--batch_size=32",
-            "--embedding_dim=4", "--bottom_mlp_dims=8,4", "--top_mlp_dims=8,1",
-            "--pooling=mean", "--max_steps=4", f"--log_path={log}",
-        ],
-        timeout=300,
-        check=True,
+    main_py(
+        1, f"--dataset_path={out}", "--batch_size=32", "--embedding_dim=4",
+        "--bottom_mlp_dims=8,4", "--top_mlp_dims=8,1", "--pooling=mean", "--max_steps=4",
+        f"--log_path={log}", check=True,
     )  # fmt: skip
     summary = read_records(log)[-1]
     assert summary["event"] == "summary" and summary["steps"] == 4
@@ -371,15 +358,9 @@ def test_list_columns_write_ids_and_global_offsets(
 
 
 def test_strict_names_the_bad_list_element(spark: Any, raw_lists: Path, tmp_path: Path) -> None:
-    args = build_parser().parse_args(
-        [
-            "--feature_spec", str(raw_lists / "spec.yaml"), "--output_dir", str(tmp_path / "o"),
-            "--strict",
-        ]
-    )  # fmt: skip
     message = (
         r"train\.csv:41: malformed line \(categorical\): field 4 \(slots\), list element 2: "
         r"expected an integer id in \[0, 9\), got '12'\. 3 malformed lines in all"
     )
     with pytest.raises(PreprocessingError, match=message):
-        run_pipeline(transcode_config(args), spark, console=lambda line: None)
+        transcode(spark, raw_lists / "spec.yaml", tmp_path / "o", "--strict")

@@ -15,7 +15,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -76,13 +75,9 @@ spark = spark_fixture(shuffle_partitions=3)
 @pytest.fixture(scope="module")
 def raw(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("days")
-    for name, lines in (
-        ("a_train.csv", A_TRAIN),
-        ("a_test.csv", A_TEST),
-        ("b_train.csv", B_TRAIN),
-        ("b_test.csv", B_TEST),
-    ):
-        (out / name).write_text("\n".join(lines) + "\n")
+    files = {"a_train": A_TRAIN, "a_test": A_TEST, "b_train": B_TRAIN, "b_test": B_TEST}
+    for name, lines in files.items():
+        (out / f"{name}.csv").write_text("\n".join(lines) + "\n")
     (out / "spec.yaml").write_text(yaml.safe_dump(SPEC, sort_keys=False))
     return out
 
@@ -95,8 +90,7 @@ def preprocess(spark: Any, raw: Path, day: str, out: Path, *flags: str) -> dict[
             "--frequency_threshold", str(THRESHOLD), "--no_shuffle", *flags,
         ]
     )  # fmt: skip
-    report: dict[str, Any] = run_pipeline(transcode_config(args), spark, console=lambda line: None)
-    return report
+    return run_pipeline(transcode_config(args), spark, console=lambda line: None)
 
 
 def read_vocabularies(dataset: Path) -> dict[int, dict[str, tuple[int, int]]]:
@@ -140,18 +134,9 @@ def expected_ids(
 
 
 def read_ids(dataset: Path, mapping: str) -> dict[str, list[int]]:
+    """The ids the files of a split hold, keyed as `expected_ids`."""
     arrays = read_mapping(dataset, mapping)
-    return {
-        "color": arrays["cat_0"].tolist(),
-        "slot": arrays["cat_2"].tolist(),
-        "tags": _flat(dataset, mapping),
-    }
-
-
-def _flat(dataset: Path, mapping: str) -> list[int]:
-    spec = FeatureSpec.load(dataset)
-    tags = spec.features["tags"]
-    return np.fromfile(spec.files(mapping).categorical["tags"], dtype=tags.dtype).tolist()
+    return {name: arrays[f"cat_{i}"].tolist() for i, name in enumerate(("color", "tags", "slot"))}
 
 
 def lineage(dataset: Path) -> VocabularyLineage:
@@ -345,12 +330,9 @@ def test_the_spark_paths_give_the_same_vocabulary_and_ids(
     """The vocabulary summed and numbered by Spark (with the parent's ids joined in),
     and the ids found by a Spark join (OOV buckets by Spark's sha2), equal the
     driver's vocabulary and the writers' lookup."""
-    import preproc.encode
-    import preproc.vocabulary
-
-    monkeypatch.setattr(preproc.vocabulary, "DRIVER_COUNT_ROWS", 0)
-    monkeypatch.setattr(preproc.encode, "WRITER_VOCABULARY_IDS", 0)
-    monkeypatch.setattr(preproc.encode, "BROADCAST_VOCABULARY_IDS", 0)
+    monkeypatch.setattr("preproc.vocabulary.DRIVER_COUNT_ROWS", 0)
+    monkeypatch.setattr("preproc.encode.WRITER_VOCABULARY_IDS", 0)
+    monkeypatch.setattr("preproc.encode.BROADCAST_VOCABULARY_IDS", 0)
     out = tmp_path / "b_spark"
     flags = ("--oov_buckets", "3", "--vocabulary_from", str(bucketed["a"]))
     preprocess(spark, raw, "b", out, *flags)

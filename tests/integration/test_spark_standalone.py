@@ -28,6 +28,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import pyspark
 import pytest
 
 from dataloading.criteo_tsv import generate_criteo_tsv
@@ -70,13 +71,8 @@ PIPELINE_FLAGS = [
 # What an executor starts (`python -m pyspark.daemon`) for its first Python task: in
 # a split, the binary writers.
 PYTHON_DAEMON = b"pyspark.daemon"
-
-
-def spark_class() -> Path:
-    """pyspark's `bin/spark-class` (the pip wheel has no start-master.sh)."""
-    import pyspark
-
-    return Path(pyspark.__file__).parent / "bin" / "spark-class"
+# What starts the master and the workers (the pip wheel has no start-master.sh).
+SPARK_CLASS = Path(pyspark.__file__).parent / "bin" / "spark-class"
 
 
 @dataclasses.dataclass
@@ -105,20 +101,12 @@ class StandaloneSpark:
         """Starts the master and the workers; waits until every worker has
         registered (stopping them all if one does not)."""
         try:
-            self._daemon(
-                "master",
-                self.head,
-                ["org.apache.spark.deploy.master.Master", "--host", self.head,
-                 "--port", str(MASTER_PORT)],
-            )  # fmt: skip
+            self._daemon("master", self.head, "master.Master", "--port", str(MASTER_PORT))
             for host in self.hosts.members:
                 work = self.directory / f"work-{host.name}"
                 self._daemon(
-                    f"worker-{host.name}",
-                    host.name,
-                    ["org.apache.spark.deploy.worker.Worker", "--host", host.name,
-                     "--cores", "1", "--memory", WORKER_MEMORY, "--work-dir", str(work),
-                     self.url],
+                    f"worker-{host.name}", host.name, "worker.Worker",
+                    "--cores", "1", "--memory", WORKER_MEMORY, "--work-dir", str(work), self.url,
                 )  # fmt: skip
             self._wait_for_workers()
         except BaseException:
@@ -126,7 +114,8 @@ class StandaloneSpark:
             raise
         return self
 
-    def _daemon(self, name: str, host: str, arguments: list[str]) -> None:
+    def _daemon(self, name: str, host: str, deploy_class: str, *arguments: str) -> None:
+        """Starts `org.apache.spark.deploy.<deploy_class>` on `host`, bound to its name."""
         address = self.hosts.host(host).address
         scratch = self.directory / f"local-{name}"
         scratch.mkdir(parents=True, exist_ok=True)
@@ -140,10 +129,11 @@ class StandaloneSpark:
                 "SPARK_LOCAL_DIRS": str(scratch),
             }
         )
+        command = [str(SPARK_CLASS), f"org.apache.spark.deploy.{deploy_class}", "--host", host]
         with open(self.directory / f"{name}.log", "wb") as log:
             self.daemons[name] = self.hosts.popen(
                 host,
-                [str(spark_class()), *arguments],
+                [*command, *arguments],
                 env=env,
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -177,32 +167,26 @@ class StandaloneSpark:
             for log in sorted(self.directory.glob("*.log"))
         )
 
-    def driver_flags(self, directory: Path) -> list[str]:
-        """The Spark flags of a driver on the head host; its event log goes to
-        `directory`/events, its scratch files to `directory`/driver-local."""
+    def driver_command(self, raw: Path, output_dir: Path, directory: Path) -> list[str]:
+        """`python -m preproc.criteo` as a driver on the head host; its event log goes
+        to `directory`/events, its scratch files to `directory`/driver-local."""
         events = directory / "events"
         events.mkdir(parents=True)
-        head = self.hosts.host(self.head)
         return [
+            sys.executable, "-m", "preproc.criteo",
+            "--input_dir", str(raw), "--output_dir", str(output_dir), *PIPELINE_FLAGS,
             "--spark_master", self.url,
             "--driver_memory", DRIVER_MEMORY,
             "--executor_memory", EXECUTOR_MEMORY,
             "--local_dir", str(directory / "driver-local"),
             # The address the executors on other hosts connect back to.
-            "--spark_conf", f"spark.driver.host={head.address}",
+            "--spark_conf", f"spark.driver.host={self.hosts.host(self.head).address}",
             # Both executors before the first task, so that both hosts get work.
             "--spark_conf", "spark.scheduler.minRegisteredResourcesRatio=1.0",
             "--spark_conf", f"spark.scheduler.maxRegisteredResourcesWaitingTime={START_TIMEOUT_S}s",
             "--spark_conf", "spark.eventLog.enabled=true",
             "--spark_conf", f"spark.eventLog.dir={events}",
             "--spark_conf", "spark.ui.enabled=false",
-        ]  # fmt: skip
-
-    def driver_command(self, raw: Path, output_dir: Path, directory: Path) -> list[str]:
-        return [
-            sys.executable, "-m", "preproc.criteo",
-            "--input_dir", str(raw), "--output_dir", str(output_dir),
-            *PIPELINE_FLAGS, *self.driver_flags(directory),
         ]  # fmt: skip
 
     @staticmethod
@@ -230,11 +214,9 @@ def hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NetnsCluster]:
 def spark_cluster(
     hosts: NetnsCluster, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[StandaloneSpark]:
-    spark = StandaloneSpark(hosts, tmp_path_factory.mktemp("spark"))
-    try:
-        yield spark.start()
-    finally:
-        spark.stop()
+    spark = StandaloneSpark(hosts, tmp_path_factory.mktemp("spark")).start()
+    yield spark
+    spark.stop()
 
 
 @pytest.fixture(scope="module")
@@ -347,15 +329,9 @@ class EventLog:
                 removed.append((event["Timestamp"] / 1000, hosts[event["Executor ID"]]))
             elif kind == "SparkListenerTaskEnd":
                 info = event["Task Info"]
-                tasks.append(
-                    TaskEnd(
-                        jobs.get(event["Stage ID"]),
-                        event["Stage ID"],
-                        info["Index"],
-                        info["Host"],
-                        event["Task End Reason"]["Reason"],
-                    )
-                )
+                stage = event["Stage ID"]
+                reason = event["Task End Reason"]["Reason"]
+                tasks.append(TaskEnd(jobs.get(stage), stage, info["Index"], info["Host"], reason))
         return cls(tasks, removed)
 
 

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -35,18 +37,17 @@ SEED = 3
 dataset = dataset_fixture(EIGHT_TABLES, NUM_NUMERICAL, {"train": 60_000, "test": 20_000}, seed=SEED)
 
 
+def adam_main_py(dataset: Path, *flags: str, **options: Any) -> subprocess.CompletedProcess[str]:
+    """`main.py` as one process on `dataset`, the `ADAM_FLAGS` model, then `flags`."""
+    return main_py(1, f"--dataset_path={dataset}", *ADAM_FLAGS, *flags, **options)
+
+
 @pytest.fixture(scope="module")
 def trained(dataset: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Checkpoint directory of a 2-epoch run."""
     out = tmp_path_factory.mktemp("run") / "checkpoints"
-    main_py(
-        1,
-        f"--dataset_path={dataset}",
-        *ADAM_FLAGS,
-        "--epochs=2",
-        "--evals_per_epoch=2",
-        f"--save_checkpoint_path={out}",
-        check=True,
+    adam_main_py(
+        dataset, "--epochs=2", "--evals_per_epoch=2", f"--save_checkpoint_path={out}", check=True
     )
     return out
 
@@ -64,14 +65,7 @@ def teacher_auc(dataset: Path) -> float:
 
 def test_training_learns_the_teacher(dataset: Path, trained: Path, tmp_path: Path) -> None:
     untrained_log = tmp_path / "untrained.jsonl"
-    result = main_py(
-        1,
-        f"--dataset_path={dataset}",
-        *ADAM_FLAGS,
-        "--mode=eval",
-        f"--log_path={untrained_log}",
-        check=True,
-    )
+    adam_main_py(dataset, "--mode=eval", f"--log_path={untrained_log}", check=True)
     untrained = last_record(untrained_log, "summary")["auc"]
     # Only --amp on a CPU times the matmuls.
     assert "matmul_gflops" not in [r["event"] for r in read_records(untrained_log)]
@@ -102,15 +96,7 @@ def test_amp_on_a_cpu_reports_how_fast_it_multiplies_in_bfloat16(
     dataset: Path, tmp_path: Path
 ) -> None:
     log = tmp_path / "amp.jsonl"
-    result = main_py(
-        1,
-        f"--dataset_path={dataset}",
-        *ADAM_FLAGS,
-        "--amp",
-        "--mode=eval",
-        f"--log_path={log}",
-        check=True,
-    )
+    result = adam_main_py(dataset, "--amp", "--mode=eval", f"--log_path={log}", check=True)
     [speeds] = read_records(log, "matmul_gflops")
     assert speeds["float32"] > 0 and speeds["bfloat16"] > 0
     line = f"GFLOP/s in bfloat16 and {speeds['float32']:.0f} in float32"
@@ -121,18 +107,14 @@ def test_amp_on_a_cpu_reports_how_fast_it_multiplies_in_bfloat16(
 
 
 def test_resume_from_a_checkpoint_matches_a_straight_run(dataset: Path, tmp_path: Path) -> None:
-    common = [
-        f"--dataset_path={dataset}",
-        *ADAM_FLAGS,
-        "--optimizer=adagrad",
-        "--learning_rate=0.05",
-        "--evals_per_epoch=0",
-    ]
+    common = ["--optimizer=adagrad", "--learning_rate=0.05", "--evals_per_epoch=0"]
     straight, halves = tmp_path / "straight", tmp_path / "halves"
-    main_py(1, *common, "--max_steps=40", f"--save_checkpoint_path={straight}", check=True)
-    main_py(1, *common, "--max_steps=20", f"--save_checkpoint_path={halves}", check=True)
-    main_py(
-        1,
+    adam_main_py(
+        dataset, *common, "--max_steps=40", f"--save_checkpoint_path={straight}", check=True
+    )
+    adam_main_py(dataset, *common, "--max_steps=20", f"--save_checkpoint_path={halves}", check=True)
+    adam_main_py(
+        dataset,
         *common,
         "--max_steps=40",
         f"--save_checkpoint_path={halves}",
@@ -153,10 +135,8 @@ def test_export_serves_the_same_predictions_in_a_fresh_process(
 
 def test_inference_mode_reports_throughput(dataset: Path, trained: Path, tmp_path: Path) -> None:
     log = tmp_path / "inference.jsonl"
-    result = main_py(
-        1,
-        f"--dataset_path={dataset}",
-        *ADAM_FLAGS,
+    adam_main_py(
+        dataset,
         "--mode=inference",
         "--max_steps=15",
         "--benchmark_warmup_steps=3",
@@ -177,13 +157,7 @@ def test_corrupted_checkpoint_is_named_and_the_previous_one_offered(
     newest = sorted(copy.glob("step_*"))[-1]
     victim = newest / "dense.npz"
     victim.write_bytes(victim.read_bytes()[:-100])
-    result = main_py(
-        1,
-        f"--dataset_path={dataset}",
-        *ADAM_FLAGS,
-        "--mode=eval",
-        f"--restore_checkpoint_path={copy}",
-    )
+    result = adam_main_py(dataset, "--mode=eval", f"--restore_checkpoint_path={copy}")
     assert result.returncode == 1
     assert str(victim) in result.stderr and "truncated" in result.stderr
     assert str(sorted(copy.glob("step_*"))[-2]) in result.stderr
@@ -199,7 +173,7 @@ def test_corrupted_checkpoint_is_named_and_the_previous_one_offered(
     ],
 )
 def test_bad_flags_exit_with_the_flag_named(dataset: Path, flags: list[str], message: str) -> None:
-    result = main_py(1, f"--dataset_path={dataset}", *ADAM_FLAGS, *flags, timeout=60)
+    result = adam_main_py(dataset, *flags, timeout=60)
     assert result.returncode == 2
     assert message in result.stderr and "Traceback" not in result.stderr
 
@@ -210,9 +184,7 @@ def test_a_sharding_plan_for_two_ranks_is_refused_by_one_process(
     spec = FeatureSpec.load(dataset)
     plan = plan_sharding([TableSpec(rows, 8) for rows in spec.cardinalities], PlannerConfig(2))
     plan_file = plan.save(tmp_path / "plan.json")
-    result = main_py(
-        1, f"--dataset_path={dataset}", *ADAM_FLAGS, f"--sharding_plan={plan_file}", timeout=120
-    )
+    result = adam_main_py(dataset, f"--sharding_plan={plan_file}", timeout=120)
     assert result.returncode == 1
     message = f"--sharding_plan {plan_file}: the sharding plan is for 2 ranks, this run has 1"
     assert message in result.stderr and "Traceback" not in result.stderr

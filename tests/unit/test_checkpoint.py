@@ -15,9 +15,10 @@ import dlrm.checkpoint.reader as reader_module
 from dlrm.checkpoint.format import MANIFEST, CheckpointError, list_checkpoints, resolve_checkpoint
 from dlrm.checkpoint.reader import Checkpoint
 from dlrm.checkpoint.writer import CheckpointWriter
-from dlrm.embedding.planner.plan import ShardingPlan, TablePlan
+from dlrm.embedding.planner.plan import ShardingPlan
 from dlrm.embedding.planner.types import TableSpec
 from dlrm.embedding.shard import Range, ShardingKind, TableShard
+from tests.harness.placements import table_plan
 
 TABLE = np.arange(23 * 7, dtype=np.float32).reshape(23, 7)
 Layout = list[tuple[Range, Range]]
@@ -53,11 +54,7 @@ def write(root: Path, step: int, shards: Layout, keep: int = 0) -> Path:
 
 
 def restore_in_blocks(
-    checkpoint: Checkpoint,
-    rows: Range,
-    columns: Range,
-    block_bytes: int,
-    slot: str | None = None,
+    checkpoint: Checkpoint, rows: Range, columns: Range, block_bytes: int, slot: str | None = None
 ) -> list[tuple[int, np.ndarray]]:
     calls: list[tuple[int, np.ndarray]] = []
     checkpoint.restore_table_slice(
@@ -88,10 +85,7 @@ def test_round_trip_whole_table(tmp_path: Path) -> None:
 
 def test_shard_entries_carry_kind_and_rank(tmp_path: Path) -> None:
     # Two ranks write one column shard each into the staging directory rank 0 made.
-    shards = [
-        TableShard(0, ShardingKind.COLUMN_WISE, 0, (0, 23), (0, 3)),
-        TableShard(0, ShardingKind.COLUMN_WISE, 1, (0, 23), (3, 7)),
-    ]
+    shards = list(table_plan(0, TableSpec(23, 7), "column_wise", 2).shards)  # (0, 3), (3, 7)
     writers = [CheckpointWriter(tmp_path, 4), CheckpointWriter(tmp_path, 4, create=False)]
     for writer, shard in zip(writers, shards, strict=True):
         part = TABLE[:, shard.columns[0] : shard.columns[1]]
@@ -249,12 +243,11 @@ def test_corruption_names_the_file_and_the_previous_checkpoint(tmp_path: Path, d
     previous = write(tmp_path, 10, LAYOUTS["whole"])
     latest = write(tmp_path, 20, LAYOUTS["whole"])
     victim = next((latest / "embeddings").glob("*.m.npy"))
-    data = bytearray(victim.read_bytes())
     if damage == "flip":
         flip_last_byte(victim)
         expected = "corrupted: sha256"
     elif damage == "truncate":
-        victim.write_bytes(bytes(data[:-8]))
+        victim.write_bytes(victim.read_bytes()[:-8])
         expected = "truncated or corrupted"
     else:
         victim.unlink()
@@ -276,15 +269,6 @@ def test_corrupted_dense_file_fails_when_read(tmp_path: Path) -> None:
     checkpoint = Checkpoint(path)
     with pytest.raises(CheckpointError, match=r"dense.npz: corrupted: sha256"):
         checkpoint.dense_array("w")
-
-
-def test_overlapping_shards_in_a_manifest_are_refused(tmp_path: Path) -> None:
-    path = write(tmp_path, 1, LAYOUTS["rows"])
-    manifest = json.loads((path / MANIFEST).read_text())
-    manifest["tables"][0]["shards"][1]["rows"] = [7, 9]
-    (path / MANIFEST).write_text(json.dumps(manifest))
-    with pytest.raises(CheckpointError, match=r"table 0 has overlapping shards rows \[7, 9\]"):
-        Checkpoint(path)
 
 
 def test_writer_refuses_a_shard_outside_the_table_or_of_another_shape(tmp_path: Path) -> None:
@@ -327,30 +311,11 @@ def test_not_a_checkpoint(tmp_path: Path) -> None:
 
 def two_rank_plan(kind: ShardingKind) -> ShardingPlan:
     """TABLE on 2 ranks as `kind`, and a replicated [5, 3] table 1."""
-    halves = {
-        ShardingKind.COLUMN_WISE: [((0, 23), (0, 4)), ((0, 23), (4, 7))],
-        ShardingKind.ROW_WISE: [((0, 12), (0, 7)), ((12, 23), (0, 7))],
-    }[kind]
-    return ShardingPlan(
-        2,
-        "cost",
-        (
-            TablePlan(
-                0,
-                kind,
-                TableSpec(23, 7),
-                tuple(TableShard(0, kind, r, *place) for r, place in enumerate(halves)),
-            ),
-            TablePlan(
-                1,
-                ShardingKind.DATA_PARALLEL,
-                TableSpec(5, 3),
-                tuple(
-                    TableShard(1, ShardingKind.DATA_PARALLEL, r, (0, 5), (0, 3)) for r in range(2)
-                ),
-            ),
-        ),
+    tables = (
+        table_plan(0, TableSpec(23, 7), kind, 2),
+        table_plan(1, TableSpec(5, 3), "data_parallel", 2),
     )
+    return ShardingPlan(2, "cost", tables)
 
 
 def write_plan(root: Path, plan: ShardingPlan, skip: TableShard | None = None) -> Path:
@@ -395,8 +360,8 @@ def test_shards_that_are_not_the_plans_are_not_published(tmp_path: Path) -> None
         write_plan(tmp_path, plan, skip=plan.tables[0].shards[1])
     message = str(error.value)
     assert "table 0: the plan needs shards" in message
-    assert "table_0.rows_0_23.cols_4_7 (column_wise, rank 1)" in message  # expected
-    assert message.endswith("the ranks wrote ['table_0.rows_0_23.cols_0_4 (column_wise, rank 0)']")
+    assert "table_0.rows_0_23.cols_3_7 (column_wise, rank 1)" in message  # expected
+    assert message.endswith("the ranks wrote ['table_0.rows_0_23.cols_0_3 (column_wise, rank 0)']")
     assert list_checkpoints(tmp_path) == []
 
 
@@ -408,16 +373,6 @@ def test_overlapping_shards_are_not_published(tmp_path: Path) -> None:
     with pytest.raises(CheckpointError, match=r"table 0 has overlapping shards rows \[10, 23\]"):
         writer.commit({})
     assert list_checkpoints(tmp_path) == []
-
-
-def test_format_2_shard_entries_are_whole_table_shards(tmp_path: Path) -> None:
-    # Only format 1's oldest entries may lack table, kind and rank.
-    path = write(tmp_path, 2, LAYOUTS["rows"])
-    manifest = json.loads((path / MANIFEST).read_text())
-    del manifest["tables"][0]["shards"][1]["kind"]
-    (path / MANIFEST).write_text(json.dumps(manifest))
-    with pytest.raises(CheckpointError, match=r"malformed table entry .*KeyError\('kind'\)"):
-        Checkpoint(path)
 
 
 @pytest.mark.parametrize(
@@ -432,6 +387,16 @@ def test_format_2_shard_entries_are_whole_table_shards(tmp_path: Path) -> None:
         (
             lambda m: m["tables"][0]["shards"][2].update(rows=[9, 24]),
             r"table 0 of shape \[23, 7\] has a shard rows \[9, 24\] x columns \[0, 7\] outside it",
+        ),
+        (
+            lambda m: m["tables"][0]["shards"][1].update(rows=[7, 9]),
+            r"table 0 has overlapping shards rows \[7, 9\]",
+        ),
+        # Format 2's shard entries are whole table shards: only format 1's oldest may
+        # lack table, kind and rank.
+        (
+            lambda m: m["tables"][0]["shards"][1].pop("kind"),
+            r"malformed table entry .*KeyError\('kind'\)",
         ),
     ],
 )

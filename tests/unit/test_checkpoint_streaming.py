@@ -24,12 +24,6 @@ def values(seed: int) -> np.ndarray:
     return np.random.default_rng(seed).standard_normal((SHARD.height, SHARD.width), np.float32)
 
 
-def saved_bytes(array: np.ndarray) -> bytes:
-    out = io.BytesIO()
-    np.save(out, array)
-    return out.getvalue()
-
-
 @pytest.mark.parametrize("block_bytes", [1, 3 * 7 * 4 + 5, 1 << 20])
 def test_chunked_shards_are_np_save_bytes_with_their_checksums(
     tmp_path: Path, block_bytes: int
@@ -48,7 +42,9 @@ def test_chunked_shards_are_np_save_bytes_with_their_checksums(
     for name, array in [("", table), (".accumulator", accumulator)]:
         relative = f"embeddings/{SHARD.name}{name}.npy"
         written = (writer.staging / relative).read_bytes()
-        assert written == saved_bytes(array)
+        expected = io.BytesIO()
+        np.save(expected, array)
+        assert written == expected.getvalue()
         assert files[relative] == {
             "sha256": hashlib.sha256(written).hexdigest(),
             "bytes": len(written),

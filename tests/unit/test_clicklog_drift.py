@@ -4,6 +4,7 @@ that does to a model that is not updated."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -35,37 +36,36 @@ class Day:
         width = 1 + NUM_INTEGER + NUM_CATEGORICAL
         rows = [fields + [""] * (width - len(fields)) for fields in rows]
         self.labels = np.array([fields[0] == "1" for fields in rows])
-        self.values: list[np.ndarray] = []
-        self.present: list[np.ndarray] = []
-        for t in range(NUM_CATEGORICAL):
-            column = [fields[1 + NUM_INTEGER + t] for fields in rows]
-            self.values.append(np.array([int(v or "0", 16) for v in column], dtype=np.uint64))
-            self.present.append(np.array([v != "" for v in column]))
+        columns = [[fields[1 + NUM_INTEGER + t] for fields in rows] for t in range(NUM_CATEGORICAL)]
+        self.values = [np.array([int(v or "0", 16) for v in c], dtype=np.uint64) for c in columns]
+        self.present = [np.array([v != "" for v in c]) for c in columns]
 
     def table(self, t: int) -> np.ndarray:
-        """The values present in table `t`."""
         return self.values[t][self.present[t]]
+
+
+def four_days(path: Path, rows_per_day: int, seed: int, drift: float, **options: Any) -> list[Day]:
+    """The days of a four-day log without short rows."""
+    report = generate_criteo_tsv(
+        path,
+        days=4,
+        rows_per_day=rows_per_day,
+        cardinalities=CARDINALITIES,
+        short_row_fraction=0.0,
+        seed=seed,
+        drift=drift,
+        **options,
+    )
+    return [Day(day) for day in report.files]
 
 
 @pytest.fixture(scope="module")
 def drifting_days(tmp_path_factory: pytest.TempPathFactory) -> list[Day]:
-    report = generate_criteo_tsv(
-        tmp_path_factory.mktemp("drift") / "raw",
-        days=4,
-        rows_per_day=3000,
-        cardinalities=CARDINALITIES,
-        short_row_fraction=0.0,
-        seed=SEED,
-        drift=DRIFT,
-        chunk_rows=1100,
-    )
-    return [Day(path) for path in report.files]
+    return four_days(tmp_path_factory.mktemp("drift") / "raw", 3000, SEED, DRIFT, chunk_rows=1100)
 
 
-def generate(
-    path: Path, days: int = 3, seed: int = SEED, drift: float | None = None
-) -> list[bytes]:
-    options = {} if drift is None else {"drift": drift}
+def generate(path: Path, days: int = 3, seed: int = SEED, **options: float) -> list[bytes]:
+    """The day files of a log with short and malformed rows; `drift` given only if in `options`."""
     report = generate_criteo_tsv(
         path,
         days=days,
@@ -89,9 +89,7 @@ def test_no_drift_is_the_log_without_the_option(tmp_path: Path) -> None:
     assert drifting[1] != without[1] and drifting[2] != without[2]
 
 
-def test_drifting_log_is_deterministic_and_a_day_does_not_depend_on_days(
-    tmp_path: Path,
-) -> None:
+def test_drifting_log_is_deterministic_and_a_day_does_not_depend_on_days(tmp_path: Path) -> None:
     # A second run, with more days, repeats the first run's days.
     three = generate(tmp_path / "three", days=3, drift=DRIFT)
     assert generate(tmp_path / "five", days=5, drift=DRIFT)[:3] == three
@@ -216,16 +214,7 @@ def auc(model: list[dict[int, float]], day: Day) -> float:
 
 @pytest.mark.parametrize("drift", [0.0, 0.3])
 def test_a_model_not_updated_falls_behind_only_under_drift(tmp_path: Path, drift: float) -> None:
-    report = generate_criteo_tsv(
-        tmp_path / "raw",
-        days=4,
-        rows_per_day=8000,
-        cardinalities=CARDINALITIES,
-        short_row_fraction=0.0,
-        seed=5,
-        drift=drift,
-    )
-    days = [Day(path) for path in report.files]
+    days = four_days(tmp_path / "raw", rows_per_day=8000, seed=5, drift=drift)
     stale = target_encoding(days[:1])
     stale_auc = [auc(stale, day) for day in days[1:]]
     updated_auc = auc(target_encoding(days[2:3]), days[3])

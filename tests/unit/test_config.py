@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from absl import flags
@@ -16,14 +16,11 @@ from dlrm.app.config import ConfigError, RunConfig, check_world_size
 from dlrm.app.policies import eval_steps
 from dlrm.distributed.preemption import parse_signal
 from dlrm.train.config import DEFAULT_CPU_DENSE_CHUNK_ROWS
+from tests.harness.processes import REPO, run
 
-REPO = Path(__file__).resolve().parents[2]
 
-
-def config(**overrides: object) -> RunConfig:
-    values: dict = {"dataset_path": "/data"}
-    values.update(overrides)
-    return RunConfig(**values)
+def config(**overrides: Any) -> RunConfig:
+    return RunConfig(**{"dataset_path": "/data", **overrides})
 
 
 @pytest.mark.parametrize(
@@ -151,11 +148,8 @@ def test_the_mlperf_dcnv2_flagfiles(tmp_path: Path) -> None:
         tmp_path / "empty.flags",
         "--flagfile=dlrm/flagfiles/mlperf_dcnv2.flags\n--dataset_path=/data\n",
     )
-    assert (full.interaction, full.num_cross_layers, full.cross_layer_projection_dim) == (
-        "cross",
-        3,
-        512,
-    )
+    assert full.interaction == "cross" and full.num_cross_layers == 3
+    assert full.cross_layer_projection_dim == 512
     assert full.embedding_dim == (128,) and full.bottom_mlp_dims == (512, 256, 128)
     assert full.top_mlp_dims == (1024, 1024, 512, 256, 1)
     assert (full.optimizer, full.batch_size, full.epochs) == ("adagrad", 65536, 1)
@@ -245,13 +239,8 @@ def test_tensorflow_loads_without_its_notices_and_passes_every_other_line(tmp_pa
         "from dlrm.app.tensorflow_import import import_tensorflow_without_notices\n"
         "import_tensorflow_without_notices()\nprint('imported')\n"
     )
-    result = subprocess.run(
-        [sys.executable, "-c", program],
-        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(REPO)])},
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
+    result = run(
+        [sys.executable, "-c", program], 60, {"PYTHONPATH": f"{tmp_path}{os.pathsep}{REPO}"}
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout == "imported\n"
@@ -273,14 +262,9 @@ def test_tensorflow_starts_for_training_without_pandas_which_stays_importable(
         "import pandas\n"
         "print(pandas.DataFrame({'a': [1, 2]})['a'].sum())\n"
     )
-    result = subprocess.run(
-        [sys.executable, "-c", program],
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    # This process's TensorFlow log level, not `run`'s default: `quiet_logs` keeps one set.
+    level = {"TF_CPP_MIN_LOG_LEVEL": os.environ.get("TF_CPP_MIN_LOG_LEVEL")}
+    result = run([sys.executable, "-c", program], 120, level)
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines() == ["False 3.0", "3"]
 
@@ -288,13 +272,6 @@ def test_tensorflow_starts_for_training_without_pandas_which_stays_importable(
 def test_help_lists_every_flag_of_the_command() -> None:
     """`--help` shows the main module's flags: those `dlrm.app.flags` defines.
     (absl exits 1 after printing the help.)"""
-    result = subprocess.run(
-        [sys.executable, "main.py", "--help"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    result = run([sys.executable, "main.py", "--help"], 120)
     for flag in ("--dataset_path", "--batch_size", "--mode", "--save_checkpoint_path"):
         assert flag in result.stdout, result.stdout[-2000:]

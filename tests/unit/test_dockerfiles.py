@@ -29,9 +29,8 @@ def instructions(path: Path) -> list[Instruction]:
     result: list[Instruction] = []
     pending = ""
     for line in path.read_text().splitlines():
-        if not pending and (not line.strip() or line.lstrip().startswith("#")):
-            continue
-        if line.lstrip().startswith("#"):  # a comment inside a continued instruction
+        # Comments are dropped even inside a continued instruction; blank lines between.
+        if line.lstrip().startswith("#") or (not pending and not line.strip()):
             continue
         if line.endswith("\\"):
             pending += line[:-1] + " "
@@ -59,28 +58,31 @@ def substitute(text: str, values: dict[str, str]) -> str:
     return re.sub(r"\$\{(\w+)\}|\$(\w+)", lambda m: values[m.group(1) or m.group(2)], text)
 
 
-def run_lines(path: Path) -> list[str]:
-    return [i.arguments for i in instructions(path) if i.keyword == "RUN"]
+def arguments(stage: list[Instruction], keyword: str) -> list[str]:
+    return [i.arguments for i in stage if i.keyword == keyword]
 
 
-def run_lines_of(stage: list[Instruction]) -> list[str]:
-    return [i.arguments for i in stage if i.keyword == "RUN"]
+def listed(path: Path) -> list[str]:
+    """The lines of a list file, stripped, without blank lines and comments."""
+    return [
+        line.strip() for line in path.read_text().splitlines() if line.strip() and line[0] != "#"
+    ]
 
 
 @pytest.mark.parametrize("path", DOCKERFILES, ids=lambda p: p.name)
 def test_base_images_are_pinned_by_tag(path: Path) -> None:
     defaults = global_arg_defaults(path)
     stages: set[str] = set()
-    froms = [i for i in instructions(path) if i.keyword == "FROM"]
+    froms = arguments(instructions(path), "FROM")
     assert froms, f"{path}: no FROM"
-    for instruction in froms:
-        words = [w for w in instruction.arguments.split() if not w.startswith("--")]
+    for line in froms:
+        words = [w for w in line.split() if not w.startswith("--")]
         image = substitute(words[0], defaults)
         if image in stages:
             continue  # a stage of this file, not an image
         tag = image.rpartition(":")[2] if ":" in image else ""
         assert "@sha256:" in image or (tag and tag != "latest" and "/" not in tag), (
-            f"{path.name}: FROM {instruction.arguments} resolves to {image!r}; expected an "
+            f"{path.name}: FROM {line} resolves to {image!r}; expected an "
             "image pinned by a tag other than latest"
         )
         if len(words) == 3 and words[1].upper() == "AS":
@@ -103,23 +105,20 @@ def stages(path: Path) -> dict[str, list[Instruction]]:
 def test_training_image_variants_are_stages() -> None:
     """`--build-arg VARIANT=cpu|gpu` picks a stage that tells install.sh the variant."""
     by_name = stages(REPO / "Dockerfile")
-    assert "FROM base-${VARIANT}" in [f"FROM {i.arguments}" for i in by_name[""]]
+    assert "base-${VARIANT}" in arguments(by_name[""], "FROM")
     for variant in ("cpu", "gpu"):
-        env = " ".join(i.arguments for i in by_name[f"base-{variant}"] if i.keyword == "ENV")
+        env = " ".join(arguments(by_name[f"base-{variant}"], "ENV"))
         assert f"TENSORFLOW_VARIANT={variant}" in env
-    gpu_env = " ".join(i.arguments for i in by_name["base-gpu"] if i.keyword == "ENV")
+    gpu_env = " ".join(arguments(by_name["base-gpu"], "ENV"))
     # No GPU is visible during `docker build`: NCCL must be asked for, not detected.
     assert "HOROVOD_GPU_OPERATIONS=NCCL" in gpu_env
 
 
 def test_training_image_installs_with_the_tested_script_before_the_code() -> None:
     image = stages(REPO / "Dockerfile")[""]
-    install = next(
-        n
-        for n, i in enumerate(image)
-        if i.keyword == "RUN" and "packaging/install.sh" in i.arguments
-    )
-    copied_before = " ".join(i.arguments for i in image[:install] if i.keyword == "COPY")
+    is_install = [i.keyword == "RUN" and "packaging/install.sh" in i.arguments for i in image]
+    install = is_install.index(True)
+    copied_before = " ".join(arguments(image[:install], "COPY"))
     # install.sh reads these (pyproject.toml: its fingerprint), so they must be in the
     # image before it runs; the code must not be, so that editing it keeps that layer.
     for name in (
@@ -133,29 +132,19 @@ def test_training_image_installs_with_the_tested_script_before_the_code() -> Non
         assert name in copied_before
     for name in ("dlrm", "preproc", "--from=checkout"):
         assert name not in copied_before.split()
-    assert any(
-        i.keyword == "COPY" and i.arguments.startswith("--from=checkout") for i in image[install:]
-    )
+    assert any(copy.startswith("--from=checkout") for copy in arguments(image[install:], "COPY"))
 
 
 def pins(path: Path) -> dict[str, str]:
     """name (lower case, - for _) -> version of each `name==version` line."""
-    result: dict[str, str] = {}
-    for line in path.read_text().splitlines():
-        match = re.match(r"^([A-Za-z0-9_.\-]+)==(\S+)", line)
-        if match:
-            result[match.group(1).lower().replace("_", "-")] = match.group(2)
-    return result
+    matches = [re.match(r"^([A-Za-z0-9_.\-]+)==(\S+)", line) for line in listed(path)]
+    return {m.group(1).lower().replace("_", "-"): m.group(2) for m in matches if m}
 
 
 def test_spark_image_installs_the_project_pins() -> None:
-    runs = run_lines(REPO / "docker" / "spark.Dockerfile")
+    runs = arguments(instructions(REPO / "docker" / "spark.Dockerfile"), "RUN")
     assert any("-r docker/requirements-spark.txt -c constraints.txt" in run for run in runs)
-    names = [
-        line.strip().lower()
-        for line in (REPO / "docker" / "requirements-spark.txt").read_text().splitlines()
-        if line.strip() and not line.startswith("#")
-    ]
+    names = [line.lower() for line in listed(REPO / "docker" / "requirements-spark.txt")]
     assert "pyspark" in names
     constraints, requirements = pins(REPO / "constraints.txt"), pins(REPO / "requirements.txt")
     for name in names:
@@ -165,11 +154,7 @@ def test_spark_image_installs_the_project_pins() -> None:
 
 def test_build_context_leaves_out_the_host_environment() -> None:
     # `COPY . .` after the install would otherwise replace the image's .venv.
-    ignored = {
-        line.strip().rstrip("/")
-        for line in (REPO / ".dockerignore").read_text().splitlines()
-        if line.strip() and not line.startswith("#")
-    }
+    ignored = {line.rstrip("/") for line in listed(REPO / ".dockerignore")}
     assert {".venv", ".cache", ".git", "runs", "demo_output"} <= ignored
     # The builds mount docker/wheelhouse/ from the context: it must stay in it.
     assert not any(line.startswith("docker/wheelhouse") and "*.whl" not in line for line in ignored)
@@ -179,7 +164,8 @@ def test_build_context_leaves_out_the_host_environment() -> None:
 def test_every_install_step_takes_the_wheelhouse_when_it_has_wheels(path: Path) -> None:
     """pip reaches no index in the air-gapped builds (and in CI): each step that runs pip
     mounts docker/wheelhouse/ and points pip at it alone when it holds wheels."""
-    installs = [run for run in run_lines(path) if "pip install" in run or "install.sh" in run]
+    runs = arguments(instructions(path), "RUN")
+    installs = [run for run in runs if "pip install" in run or "install.sh" in run]
     assert installs, f"{path.name}: no install step"
     for run in installs:
         assert "--mount=type=bind,source=docker/wheelhouse,target=/wheelhouse" in run, run
@@ -195,12 +181,10 @@ def test_the_wheelhouse_is_never_copied_into_an_image(path: Path) -> None:
     image copies from that stage. (.dockerignore cannot leave the wheelhouse out of the
     context: docker build mounts nothing that it leaves out.)"""
     for name, stage in stages(path).items():
-        copies_context = [
-            i for i in stage if i.keyword == "COPY" and i.arguments.split()[0] in (".", "./")
-        ]
+        copies_context = [c for c in arguments(stage, "COPY") if c.split()[0] in (".", "./")]
         if name == "checkout":
             assert copies_context
-            assert "rm -rf /checkout/docker/wheelhouse" in run_lines_of(stage)
+            assert "rm -rf /checkout/docker/wheelhouse" in arguments(stage, "RUN")
         else:
             assert not copies_context, f"{path.name}, stage {name or 'image'}: {copies_context}"
 
@@ -217,9 +201,6 @@ def test_both_images_build_from_the_same_fully_named_debian() -> None:
 @pytest.mark.parametrize("path", DOCKERFILES, ids=lambda p: p.name)
 def test_images_run_as_uid_1000_through_the_entrypoint(path: Path) -> None:
     image = stages(path)[""]
-    users = [i.arguments for i in image if i.keyword == "USER"]
-    assert users == ["1000:1000"]
-    entrypoints = [i.arguments for i in image if i.keyword == "ENTRYPOINT"]
-    assert entrypoints == ['["/bin/sh", "/usr/local/bin/dlrm-entrypoint"]']
-    copies = [i.arguments for i in image if i.keyword == "COPY"]
-    assert "docker/entrypoint.sh /usr/local/bin/dlrm-entrypoint" in copies
+    assert arguments(image, "USER") == ["1000:1000"]
+    assert arguments(image, "ENTRYPOINT") == ['["/bin/sh", "/usr/local/bin/dlrm-entrypoint"]']
+    assert "docker/entrypoint.sh /usr/local/bin/dlrm-entrypoint" in arguments(image, "COPY")

@@ -20,6 +20,7 @@ BETA_POWERS = (BETA_1**3, BETA_2**3)
 # The kernel works in float32, the reference in float64. bfloat16 gradients are
 # compared against the reference on the same bfloat16 values, so no looser.
 TOLERANCE = {"rtol": 1e-5, "atol": 1e-6}
+Variables = tuple[list[tf.Variable], list[list[tf.Variable]]]  # tables, slots per table
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,9 +109,17 @@ def _two_tables(optimizer: str, seed: int = 0) -> Case:
     return case
 
 
-def _bfloat16_values(gradients: list[np.ndarray]) -> list[np.ndarray]:
-    """The float32 values of the gradients rounded to bfloat16, as the kernel gets them."""
-    return [tf.cast(tf.cast(g, tf.bfloat16), tf.float32).numpy() for g in gradients]
+def _scaled_rows(case: Case, gradients: list[np.ndarray], t: int) -> list[tuple[int, np.ndarray]]:
+    """(id less table `t`'s row offset, its gradient row scaled, float64) per id of its pieces."""
+    width = case.tables[t].shape[1]
+    out = []
+    for piece in (p for p in case.pieces if p.table == t):
+        part = gradients[piece.gradient][:, piece.column : piece.column + width]
+        for global_id, row in zip(piece.ids, piece.rows, strict=True):
+            scale = 1.0 if piece.scales is None else float(piece.scales[row])
+            value = case.gradient_scale * scale * part[row].astype(np.float64)
+            out.append((int(global_id) - case.offsets[t], value))
+    return out
 
 
 def reference(case: Case, gradients: list[np.ndarray], beta_powers: tuple[float, float]) -> tuple:
@@ -119,20 +128,13 @@ def reference(case: Case, gradients: list[np.ndarray], beta_powers: tuple[float,
     slots = [[s.astype(np.float64) for s in table_slots] for table_slots in case.slots]
     touched = []
     for t, table in enumerate(tables):
-        rows, width = table.shape
+        rows = len(table)
         summed: dict[int, np.ndarray] = {}
-        for piece in case.pieces:
-            if piece.table != t:
+        for u, value in _scaled_rows(case, gradients, t):
+            if not 0 <= u < rows:
+                assert case.partial[t], "the reference is for valid inputs"
                 continue
-            part = gradients[piece.gradient][:, piece.column : piece.column + width]
-            for global_id, row in zip(piece.ids, piece.rows, strict=True):
-                u = int(global_id) - case.offsets[t]
-                if not 0 <= u < rows:
-                    assert case.partial[t], "the reference is for valid inputs"
-                    continue
-                scale = 1.0 if piece.scales is None else float(piece.scales[row])
-                value = case.gradient_scale * scale * part[row].astype(np.float64)
-                summed[u] = summed.get(u, 0.0) + value
+            summed[u] = summed.get(u, 0.0) + value
         for u, g in summed.items():
             lr = case.learning_rate
             if case.optimizer == "sgd":
@@ -150,7 +152,7 @@ def reference(case: Case, gradients: list[np.ndarray], beta_powers: tuple[float,
     return tables, slots, touched
 
 
-def _variables(case: Case) -> tuple[list[tf.Variable], list[list[tf.Variable]]]:
+def _variables(case: Case) -> Variables:
     tables = [tf.Variable(t) for t in case.tables]
     slots = [[tf.Variable(s) for s in table_slots] for table_slots in case.slots]
     return tables, slots
@@ -159,11 +161,12 @@ def _variables(case: Case) -> tuple[list[tf.Variable], list[list[tf.Variable]]]:
 def apply(
     library: Any,
     case: Case,
-    tables: list[tf.Variable],
-    slots: list[list[tf.Variable]],
+    variables: Variables | None = None,
     dtype: tf.DType = tf.float32,
     id_dtype: tf.DType = tf.int32,
-) -> None:
+) -> Variables:
+    """Applies the case to `variables` (new ones of its values by default): (tables, slots)."""
+    tables, slots = variables or _variables(case)
     gradients = [tf.constant(g, dtype) for g in case.gradients]
     empty = np.zeros([0], np.float32)
     library.dlrm_embedding_apply(
@@ -186,22 +189,22 @@ def apply(
         beta_1=BETA_1,
         beta_2=BETA_2,
     )
+    return tables, slots
 
 
 def _check_against_reference(
     library: Any, case: Case, dtype: tf.DType = tf.float32, id_dtype: tf.DType = tf.int32
 ) -> None:
-    tables, slots = _variables(case)
-    apply(library, case, tables, slots, dtype, id_dtype)
-    values = case.gradients if dtype == tf.float32 else _bfloat16_values(case.gradients)
+    tables, slots = apply(library, case, dtype=dtype, id_dtype=id_dtype)
+    values = case.gradients
+    if dtype == tf.bfloat16:  # the values the kernel gets: rounded to bfloat16
+        values = [tf.cast(tf.cast(g, dtype), tf.float32).numpy() for g in values]
     expected_tables, expected_slots, touched = reference(case, values, BETA_POWERS)
+    slot_names = SLOT_NAMES[case.optimizer]
     for t, table in enumerate(tables):
         assert touched[t].any() and not touched[t].all(), "the case leaves rows untouched"
         pairs = [("table", table, case.tables[t], expected_tables[t])]
-        for name, slot, initial, expected in zip(
-            SLOT_NAMES[case.optimizer], slots[t], case.slots[t], expected_slots[t], strict=True
-        ):
-            pairs.append((name, slot, initial, expected))
+        pairs += zip(slot_names, slots[t], case.slots[t], expected_slots[t], strict=True)
         for name, variable, initial, expected in pairs:
             value = variable.numpy()
             message = f"{name} of table {t}"
@@ -214,15 +217,8 @@ def _check_against_reference(
 
 
 @pytest.mark.parametrize("optimizer", ["sgd", "adagrad", "adam"])
-@pytest.mark.parametrize(
-    ("dtype", "id_dtype"),
-    [
-        (tf.float32, tf.int32),
-        (tf.float32, tf.int64),
-        (tf.bfloat16, tf.int32),
-        (tf.bfloat16, tf.int64),
-    ],
-)
+@pytest.mark.parametrize("id_dtype", [tf.int32, tf.int64], ids=["int32", "int64"])
+@pytest.mark.parametrize("dtype", [tf.float32, tf.bfloat16], ids=["float32", "bfloat16"])
 def test_matches_the_reference(
     library: Any, optimizer: str, dtype: tf.DType, id_dtype: tf.DType
 ) -> None:
@@ -249,16 +245,9 @@ def test_a_large_multi_hot_table_shared_among_threads(library: Any, optimizer: s
     case, rng = _tables_case(optimizer, [997, 23], [19, 7], 2, gradient_scale=0.25)
     hotness = 5
     case.gradients.append(rng.normal(size=(800, 26)).astype(np.float32))
-    case.pieces.append(
-        Piece(
-            0,
-            rng.integers(0, 900, 800 * hotness),
-            np.arange(800 * hotness) // hotness,
-            0,
-            7,
-            rng.uniform(0.1, 1, 800).astype(np.float32),
-        )
-    )
+    ids = rng.integers(0, 900, 800 * hotness)
+    scales = rng.uniform(0.1, 1, 800).astype(np.float32)
+    case.pieces.append(Piece(0, ids, np.arange(800 * hotness) // hotness, 0, 7, scales))
     case.pieces.append(Piece(1, rng.integers(0, 20, 800), np.arange(800), 0, 0))
     _check_against_reference(library, case)
 
@@ -283,15 +272,11 @@ def test_duplicates_are_summed_before_one_update(library: Any) -> None:
         Piece(0, np.array([3, 3, 7]), np.arange(3), 0, 0),
         Piece(0, np.array([3]), np.array([0]), 1, 0),
     ]
-    tables, slots = _variables(case)
-    apply(library, case, tables, slots)
+    tables, slots = apply(library, case)
     accumulator = case.slots[0][0][3] + 4.0**2  # 1 + 1 + 2, squared once
     np.testing.assert_allclose(slots[0][0].numpy()[3], accumulator, rtol=1e-6)
-    np.testing.assert_allclose(
-        tables[0].numpy()[3],
-        case.tables[0][3] - 0.1 * 4.0 / (np.sqrt(accumulator) + EPSILON),
-        rtol=1e-6,
-    )
+    want = case.tables[0][3] - 0.1 * 4.0 / (np.sqrt(accumulator) + EPSILON)
+    np.testing.assert_allclose(tables[0].numpy()[3], want, rtol=1e-6)
 
 
 def test_a_row_with_a_zero_gradient_is_still_updated(library: Any) -> None:
@@ -299,8 +284,7 @@ def test_a_row_with_a_zero_gradient_is_still_updated(library: Any) -> None:
     case, _ = _tables_case("adam", [11], [5], 4)
     case.gradients = [np.zeros((1, 5), np.float32)]
     case.pieces = [Piece(0, np.array([6]), np.array([0]), 0, 0)]
-    tables, slots = _variables(case)
-    apply(library, case, tables, slots)
+    tables, slots = apply(library, case)
     np.testing.assert_allclose(slots[0][0].numpy()[6], BETA_1 * case.slots[0][0][6], rtol=1e-6)
     np.testing.assert_allclose(slots[0][1].numpy()[6], BETA_2 * case.slots[0][1][6], rtol=1e-6)
     assert not np.array_equal(tables[0].numpy()[6], case.tables[0][6])
@@ -313,16 +297,14 @@ def test_adams_one_minus_beta_is_the_decimals(library: Any) -> None:
     case.slots = [[np.zeros((11, 5), np.float32), np.zeros((11, 5), np.float32)]]
     case.gradients = [np.full((1, 5), 3.0, np.float32)]
     case.pieces = [Piece(0, np.array([2]), np.array([0]), 0, 0)]
-    tables, slots = _variables(case)
-    apply(library, case, tables, slots)
+    _, slots = apply(library, case)
     np.testing.assert_allclose(slots[0][0].numpy()[2], np.float32(1 - BETA_1) * 3.0, rtol=1e-6)
     np.testing.assert_allclose(slots[0][1].numpy()[2], np.float32(1 - BETA_2) * 9.0, rtol=1e-6)
 
 
 def test_no_pieces_change_nothing(library: Any) -> None:
     case, _ = _tables_case("adam", [23], [7], 5)
-    tables, slots = _variables(case)
-    apply(library, case, tables, slots)
+    tables, slots = apply(library, case)
     np.testing.assert_array_equal(tables[0].numpy(), case.tables[0])
     np.testing.assert_array_equal(slots[0][1].numpy(), case.slots[0][1])
 
@@ -336,19 +318,10 @@ def _tensorflow_path(optimizer: Optimizer, case: Case) -> list[tf.Variable]:
         slots = optimizer.slots(table)
         for name, initial in zip(SLOT_NAMES[case.optimizer], case.slots[t], strict=True):
             slots[name].assign(initial)
-        indices, values = [], []
-        for piece in case.pieces:
-            if piece.table != t:
-                continue
-            width = case.tables[t].shape[1]
-            part = case.gradients[piece.gradient][:, piece.column : piece.column + width]
-            scales = np.ones(part.shape[0]) if piece.scales is None else piece.scales
-            indices.append(piece.ids - case.offsets[t])
-            rows = np.asarray(piece.rows)
-            values.append(case.gradient_scale * scales[rows, None] * part[rows])
+        indices, values = zip(*_scaled_rows(case, case.gradients, t), strict=True)
         gradient = tf.IndexedSlices(
-            tf.constant(np.concatenate(values), tf.float32),
-            tf.constant(np.concatenate(indices), tf.int64),
+            tf.constant(np.stack(values), tf.float32),
+            tf.constant(indices, tf.int64),
             tf.constant(case.tables[t].shape, tf.int64),
         )
         optimizer._apply_sparse(table, gradient, tf.constant(case.learning_rate), slots)
@@ -366,8 +339,7 @@ def test_agrees_with_the_optimizers_tensorflow_path(
     reference_optimizer = make()
     assert reference_optimizer.name == optimizer
     expected = _tensorflow_path(reference_optimizer, case)
-    tables, slots = _variables(case)
-    apply(library, case, tables, slots)
+    tables, slots = apply(library, case)
     for t, table in enumerate(tables):
         np.testing.assert_allclose(table.numpy(), expected[t].numpy(), rtol=1e-5, atol=1e-6)
         for name, slot in zip(SLOT_NAMES[optimizer], slots[t], strict=True):
@@ -382,7 +354,7 @@ def test_a_value_read_before_keeps_what_it_read(library: Any) -> None:
     tables, slots = _variables(case)
     table_before = tables[0].read_value()  # shares the variable's buffer
     slot_before = slots[1][0].read_value()
-    apply(library, case, tables, slots)
+    apply(library, case, (tables, slots))
     np.testing.assert_array_equal(table_before.numpy(), case.tables[0])
     np.testing.assert_array_equal(slot_before.numpy(), case.slots[1][0])
     assert not np.array_equal(tables[0].numpy(), case.tables[0])
@@ -511,7 +483,7 @@ def test_an_error_in_one_table_leaves_every_table_unchanged(library: Any) -> Non
     with pytest.raises(
         tf.errors.InvalidArgumentError, match=r"ids\[3\]\[2\] = 23 \(piece 3 of table 0\)"
     ):
-        apply(library, case, tables, slots)
+        apply(library, case, (tables, slots))
     for t, table in enumerate(tables):
         np.testing.assert_array_equal(table.numpy(), case.tables[t])
         for slot, initial in zip(slots[t], case.slots[t], strict=True):

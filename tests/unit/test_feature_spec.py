@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -154,20 +155,85 @@ def test_criteo_spec_needs_26_tables() -> None:
 def test_build_spec_with_multi_hot() -> None:
     spec = build_split_binary_spec([7, 11], 3, hotness=[1, 4], mappings=("train",))
     assert spec.hotness == (1, 4)
-    assert spec.to_dict()["feature_spec"]["cat_1"] == {
-        "dtype": "int8",
-        "cardinality": 11,
-        "hotness": 4,
-    }
+    feature = spec.to_dict()["feature_spec"]["cat_1"]
+    assert feature == {"dtype": "int8", "cardinality": 11, "hotness": 4}
 
 
 # --------------------------------------------------------------- one per rule
 
 
-def test_missing_section(tmp_path: Path) -> None:
+# Each rule: a change to the valid spec, and the parts of the error it makes.
+Change = Callable[[dict[str, Any]], object]
+RULES: dict[str, tuple[Change, list[str]]] = {
+    "missing_section": (lambda raw: raw.pop("channel_spec"), ["channel_spec: missing section"]),
+    "unknown_dtype": (
+        lambda raw: raw["feature_spec"]["num_1"].update(dtype="float64"),
+        ["feature_spec.num_1.dtype", "['float16']", "'float64'"],
+    ),
+    "categorical_dtype_too_small_for_cardinality": (
+        lambda raw: raw["feature_spec"]["cat_0"].update(cardinality=300),
+        ["feature_spec.cat_0.cardinality", "expected dtype int16"],
+    ),
+    "feature_in_no_channel": (
+        lambda raw: raw["feature_spec"].update(orphan={"dtype": "float16"}),
+        ["feature_spec.orphan: feature is in no channel"],
+    ),
+    "feature_in_two_channels": (
+        lambda raw: raw["channel_spec"]["numerical"].append("cat_0"),
+        ["'cat_0' is in two channels (numerical and categorical)"],
+    ),
+    "channel_names_unknown_feature": (
+        lambda raw: raw["channel_spec"]["categorical"].append("cat_9"),
+        ["channel_spec.categorical: feature 'cat_9' is not in feature_spec"],
+    ),
+    "missing_channel": (
+        lambda raw: raw["channel_spec"].pop("numerical"),
+        ["channel_spec.numerical: missing channel"],
+    ),
+    "unknown_chunk_type": (
+        lambda raw: raw["source_spec"]["test"][2].update(type="parquet"),
+        ["source_spec.test[2].type: unknown chunk type", "'parquet'"],
+    ),
+    "bad_hotness": (
+        lambda raw: raw["feature_spec"]["cat_1"].update(hotness=0),
+        ["feature_spec.cat_1.hotness: expected a positive int or 'variable', got 0"],
+    ),
+    "feature_in_no_chunk": (
+        lambda raw: raw["source_spec"]["train"].pop(3),
+        ["source_spec.train: features ['cat_1'] are in no chunk"],
+    ),
+    "feature_in_two_chunks": (
+        lambda raw: raw["source_spec"]["train"].append(
+            copy.deepcopy(raw["source_spec"]["train"][2])
+        ),
+        ["'cat_0' is already in chunk 2"],
+    ),
+    "numerical_chunk_must_hold_all_numerical": (
+        lambda raw: raw["source_spec"]["train"][0].update(features=["num_1", "num_0"]),
+        ["expected ['num_0', 'num_1']"],
+    ),
+    "split_binary_chunk_is_one_file": (
+        lambda raw: raw["source_spec"]["train"][2].update(files=["train/a.bin", "train/b.bin"]),
+        ["source_spec.train[2].files: a split_binary chunk is one file"],
+    ),
+    "unknown_feature_key": (
+        lambda raw: raw["feature_spec"]["cat_0"].update(cardinalty=5),
+        ["feature_spec.cat_0: unknown keys ['cardinalty']"],
+    ),
+    "cardinality_on_numerical_feature": (
+        lambda raw: raw["feature_spec"]["num_0"].update(cardinality=5),
+        ["apply to categorical features only"],
+    ),
+}
+
+
+@pytest.mark.parametrize(("change", "parts"), RULES.values(), ids=list(RULES))
+def test_spec_breaking_a_rule(tmp_path: Path, change: Change, parts: list[str]) -> None:
     raw = valid()
-    del raw["channel_spec"]
-    assert "channel_spec: missing section" in load_error(tmp_path, raw)
+    change(raw)
+    message = load_error(tmp_path, raw)
+    for part in parts:
+        assert part in message
 
 
 def test_not_a_mapping(tmp_path: Path) -> None:
@@ -183,54 +249,6 @@ def test_invalid_yaml(tmp_path: Path) -> None:
 def test_missing_yaml_file(tmp_path: Path) -> None:
     with pytest.raises(FeatureSpecError, match="cannot read feature spec"):
         FeatureSpec.load(tmp_path / "nope.yaml")
-
-
-def test_unknown_dtype(tmp_path: Path) -> None:
-    raw = valid()
-    raw["feature_spec"]["num_1"]["dtype"] = "float64"
-    message = load_error(tmp_path, raw)
-    assert "feature_spec.num_1.dtype" in message
-    assert "['float16']" in message and "'float64'" in message
-
-
-def test_categorical_dtype_too_small_for_cardinality(tmp_path: Path) -> None:
-    raw = valid()
-    raw["feature_spec"]["cat_0"]["cardinality"] = 300
-    message = load_error(tmp_path, raw)
-    assert "feature_spec.cat_0.cardinality" in message and "expected dtype int16" in message
-
-
-def test_feature_in_no_channel(tmp_path: Path) -> None:
-    raw = valid()
-    raw["feature_spec"]["orphan"] = {"dtype": "float16"}
-    assert "feature_spec.orphan: feature is in no channel" in load_error(tmp_path, raw)
-
-
-def test_feature_in_two_channels(tmp_path: Path) -> None:
-    raw = valid()
-    raw["channel_spec"]["numerical"].append("cat_0")
-    assert "'cat_0' is in two channels (numerical and categorical)" in load_error(tmp_path, raw)
-
-
-def test_channel_names_unknown_feature(tmp_path: Path) -> None:
-    raw = valid()
-    raw["channel_spec"]["categorical"].append("cat_9")
-    assert "channel_spec.categorical: feature 'cat_9' is not in feature_spec" in load_error(
-        tmp_path, raw
-    )
-
-
-def test_missing_channel(tmp_path: Path) -> None:
-    raw = valid()
-    del raw["channel_spec"]["numerical"]
-    assert "channel_spec.numerical: missing channel" in load_error(tmp_path, raw)
-
-
-def test_unknown_chunk_type(tmp_path: Path) -> None:
-    raw = valid()
-    raw["source_spec"]["test"][2]["type"] = "parquet"
-    message = load_error(tmp_path, raw)
-    assert "source_spec.test[2].type: unknown chunk type" in message and "'parquet'" in message
 
 
 def test_missing_file(tmp_path: Path) -> None:
@@ -277,32 +295,6 @@ def test_label_channel_not_exactly_one(tmp_path: Path, labels: list[str]) -> Non
     assert "channel_spec.label: expected exactly one feature" in load_error(tmp_path, raw)
 
 
-def test_bad_hotness(tmp_path: Path) -> None:
-    raw = valid()
-    raw["feature_spec"]["cat_1"]["hotness"] = 0
-    assert "feature_spec.cat_1.hotness: expected a positive int or 'variable', got 0" in load_error(
-        tmp_path, raw
-    )
-
-
-def test_feature_in_no_chunk(tmp_path: Path) -> None:
-    raw = valid()
-    raw["source_spec"]["train"].pop(3)
-    assert "source_spec.train: features ['cat_1'] are in no chunk" in load_error(tmp_path, raw)
-
-
-def test_feature_in_two_chunks(tmp_path: Path) -> None:
-    raw = valid()
-    raw["source_spec"]["train"].append(copy.deepcopy(raw["source_spec"]["train"][2]))
-    assert "'cat_0' is already in chunk 2" in load_error(tmp_path, raw)
-
-
-def test_numerical_chunk_must_hold_all_numerical(tmp_path: Path) -> None:
-    raw = valid()
-    raw["source_spec"]["train"][0]["features"] = ["num_1", "num_0"]
-    assert "expected ['num_0', 'num_1']" in load_error(tmp_path, raw)
-
-
 def test_categorical_chunk_holds_one_feature(tmp_path: Path) -> None:
     raw = valid()
     chunks = raw["source_spec"]["train"]
@@ -317,26 +309,6 @@ def test_chunk_mixing_channels(tmp_path: Path) -> None:
     chunks[1]["features"] = ["label", "cat_0"]
     chunks.pop(2)
     assert "expected features of one channel per chunk" in load_error(tmp_path, raw)
-
-
-def test_split_binary_chunk_is_one_file(tmp_path: Path) -> None:
-    raw = valid()
-    raw["source_spec"]["train"][2]["files"] = ["train/a.bin", "train/b.bin"]
-    assert "source_spec.train[2].files: a split_binary chunk is one file" in load_error(
-        tmp_path, raw
-    )
-
-
-def test_unknown_feature_key(tmp_path: Path) -> None:
-    raw = valid()
-    raw["feature_spec"]["cat_0"]["cardinalty"] = 5
-    assert "feature_spec.cat_0: unknown keys ['cardinalty']" in load_error(tmp_path, raw)
-
-
-def test_cardinality_on_numerical_feature(tmp_path: Path) -> None:
-    raw = valid()
-    raw["feature_spec"]["num_0"]["cardinality"] = 5
-    assert "apply to categorical features only" in load_error(tmp_path, raw)
 
 
 def test_one_rule_names_the_offsets_file_and_the_ids_dtype() -> None:

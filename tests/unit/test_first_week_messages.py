@@ -7,15 +7,16 @@ from __future__ import annotations
 import io
 import os
 import re
+import shutil
 from collections.abc import Callable
 from pathlib import Path
+from typing import TextIO
 
 import numpy as np
 import pytest
 
 from dataloading.errors import DatasetError
 from dataloading.split_binary import ShardSpec, SplitBinaryDataset
-from dataloading.synthetic import generate_split_binary
 from dlrm.app.assembly import assemble_run, model_config_for
 from dlrm.app.cli import preempted_message
 from dlrm.app.config import ConfigError, RunConfig, check_world_size
@@ -32,6 +33,7 @@ from dlrm.train.precision import Precision, bfloat16_note
 from dlrm.train.trainer import NonFiniteLossError
 from feature_spec import FeatureSpec
 from preproc.spark import SparkSettings, _ui_line
+from tests.harness.datasets import dataset_fixture
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "troubleshooting.md"
 ROWS, BATCH = 512, 64
@@ -44,11 +46,7 @@ def quoted_messages() -> list[str]:
     return [quote for row in rows for quote in re.findall(r"`([^`]+)`", row.split(" | ")[0])]
 
 
-@pytest.fixture(scope="module")
-def dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("first_week") / "data"
-    generate_split_binary(path, (23, 7, 11), 2, rows={"train": ROWS, "test": 64}, seed=2)
-    return path
+dataset = dataset_fixture((23, 7, 11), 2, {"train": ROWS, "test": 64}, seed=2)
 
 
 def config(dataset: Path, **overrides: object) -> RunConfig:
@@ -66,8 +64,8 @@ def config(dataset: Path, **overrides: object) -> RunConfig:
     return RunConfig(**{**values, **overrides})
 
 
-def run_of(dataset: Path, **overrides: object) -> dict:
-    log = MetricsLog(None, None, console=io.StringIO())
+def run_of(dataset: Path, console: TextIO | None = None, **overrides: object) -> dict:
+    log = MetricsLog(None, None, console=console or io.StringIO())
     return train(assemble_run(config(dataset, **overrides), log))
 
 
@@ -81,15 +79,10 @@ def messages(dataset: Path, tmp_path: Path) -> list[str]:
     """Each message of the table, produced as a user meets it."""
     yesterday = tmp_path / "yesterday"
     run_of(dataset, save_checkpoint_path=str(yesterday), max_steps=6)
-    console = io.StringIO()
-    finished = MetricsLog(None, None, console=console)
-    resumed = config(dataset, save_checkpoint_path=str(yesterday), resume=True, max_steps=6)
-    train(assemble_run(resumed, finished))
+    console = io.StringIO()  # where resuming a finished run says so
+    run_of(dataset, console, save_checkpoint_path=str(yesterday), resume=True, max_steps=6)
     other_model = {**Checkpoint(yesterday).manifest["model"], "bottom_mlp_dims": [9, 4]}
     spec = FeatureSpec.load(dataset)
-    ids_file = spec.files("train").categorical["cat_0"]
-    bad_ids = tmp_path / "bad.bin"
-    bad_ids.write_bytes(ids_file.read_bytes())
     return [
         message_of(lambda: check_world_size(config(dataset, batch_size=65), 2), ConfigError),
         message_of(
@@ -121,8 +114,7 @@ def messages(dataset: Path, tmp_path: Path) -> list[str]:
 
 
 def out_of_range_ids(dataset: Path, tmp_path: Path) -> str:
-    copy = copy_dataset(dataset, tmp_path / "bad_ids")
-    spec = FeatureSpec.load(copy)
+    spec = FeatureSpec.load(shutil.copytree(dataset, tmp_path / "bad_ids"))
     path = spec.files("train").categorical["cat_0"]
     ids = np.fromfile(path, dtype=spec.categorical_features[0].dtype)
     ids[3] = 99
@@ -132,19 +124,10 @@ def out_of_range_ids(dataset: Path, tmp_path: Path) -> str:
 
 
 def shrunk_file(dataset: Path, tmp_path: Path) -> str:
-    copy = copy_dataset(dataset, tmp_path / "shrunk")
-    spec = FeatureSpec.load(copy)
+    spec = FeatureSpec.load(shutil.copytree(dataset, tmp_path / "shrunk"))
     data = SplitBinaryDataset(spec, "train", ShardSpec(BATCH))
     os.truncate(spec.files("train").label, ROWS // 2)
     return message_of(lambda: data.read_batch(data.num_batches - 1), DatasetError)
-
-
-def copy_dataset(dataset: Path, target: Path) -> Path:
-    for source in dataset.rglob("*"):
-        if source.is_file():
-            (target / source.relative_to(dataset)).parent.mkdir(parents=True, exist_ok=True)
-            (target / source.relative_to(dataset)).write_bytes(source.read_bytes())
-    return target
 
 
 class TwoRanks(Collectives):

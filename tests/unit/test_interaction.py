@@ -21,11 +21,14 @@ def reference(dense: np.ndarray, embeddings: np.ndarray) -> np.ndarray:
     return np.array(out)
 
 
-def test_matches_numpy_reference() -> None:
+@pytest.mark.parametrize("side_by_side", [False, True], ids=["B_T_D", "B_TD"])
+def test_matches_numpy_reference(side_by_side: bool) -> None:
+    """Vectors [B, T, D], or side by side [B, T D] as the embeddings layers give them."""
     rng = np.random.default_rng(0)
     dense = rng.normal(size=(5, 7)).astype(np.float32)  # odd sizes: B=5, D=7, T=3
     embeddings = rng.normal(size=(5, 3, 7)).astype(np.float32)
-    out = DotInteraction()(dense, embeddings).numpy()
+    given = embeddings.reshape(5, 21) if side_by_side else embeddings
+    out = DotInteraction()(dense, given).numpy()
     assert out.shape == (5, 7 + 4 * 3 // 2)
     np.testing.assert_allclose(out, reference(dense, embeddings), rtol=1e-5, atol=1e-5)
 
@@ -86,15 +89,13 @@ def test_values_and_gradients_match_autodiff(rows: int, compile_as: str) -> None
 
     block_rows = None if compile_as == "xla_whole" else BLOCK_ROWS
     interaction = functools.partial(dot_interaction, block_rows=block_rows)
-    out, (dense_gradient, embeddings_gradient) = value_and_gradients(interaction)(dense, embeddings)
-    want, (want_dense, want_embeddings) = value_and_gradients(_autodiff_reference)(
-        dense, embeddings
-    )
+    out, gradients = value_and_gradients(interaction)(dense, embeddings)
+    want, want_gradients = value_and_gradients(_autodiff_reference)(dense, embeddings)
     np.testing.assert_allclose(out.numpy(), want.numpy(), rtol=1e-5, atol=1e-5)
-    np.testing.assert_allclose(dense_gradient.numpy(), want_dense.numpy(), rtol=1e-5, atol=1e-4)
-    np.testing.assert_allclose(
-        embeddings_gradient.numpy(), want_embeddings.numpy(), rtol=1e-5, atol=1e-4
-    )
+    for name, gradient, expected in zip(
+        ("dense", "embeddings"), gradients, want_gradients, strict=True
+    ):
+        np.testing.assert_allclose(gradient, expected, rtol=1e-5, atol=1e-4, err_msg=name)
 
 
 def test_bfloat16_is_within_bfloat16_rounding() -> None:
@@ -107,15 +108,6 @@ def test_bfloat16_is_within_bfloat16_rounding() -> None:
     # Operands rounded to bfloat16 (relative error 2^-8 each) and a bfloat16 result:
     # at most about 3 * 2^-8 of the sum of |products| (8 terms of at most 1).
     np.testing.assert_allclose(out.numpy().astype(np.float32), want, atol=8 * 3 * 2.0**-8)
-
-
-def test_dot_takes_the_vectors_side_by_side() -> None:
-    """The embeddings layers give [B, T D]; the dot interaction reads it as [B, T, D]."""
-    rng = np.random.default_rng(2)
-    dense = rng.normal(size=(5, 7)).astype(np.float32)
-    embeddings = rng.normal(size=(5, 3, 7)).astype(np.float32)
-    flat = DotInteraction()(dense, embeddings.reshape(5, 21)).numpy()
-    np.testing.assert_allclose(flat, reference(dense, embeddings), rtol=1e-5, atol=1e-5)
 
 
 def cross_reference(x0: np.ndarray, layers: list[tuple[Any, np.ndarray, np.ndarray]]) -> Any:
@@ -133,8 +125,7 @@ def test_cross_matches_the_dcnv2_formula(projection: int, low_rank: bool) -> Non
     dense = rng.normal(size=(5, 4)).astype(np.float32)
     vectors = rng.normal(size=(5, 2 + 7 + 3)).astype(np.float32)  # tables 2, 7 and 3 wide
     layer = CrossInteraction(num_layers=2, projection_dim=projection)
-    out = layer(dense, vectors).numpy()
-    assert out.shape == (5, 4 + 12)
+    assert layer(dense, vectors).shape == (5, 4 + 12)
     # Random biases too: the layer initialises them to zero.
     for up in layer.up:
         up.bias.assign(rng.normal(size=up.bias.shape).astype(np.float32))

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -37,7 +37,7 @@ def _as_float(x: tf.Tensor) -> np.ndarray:
     ],
 )
 def test_dot_interaction_matches_tensorflow_ops(
-    library: object, batch: int, tables: int, width: int, dtype: tf.DType
+    library: Any, batch: int, tables: int, width: int, dtype: tf.DType
 ) -> None:
     rng = np.random.default_rng(batch)
     dense = tf.constant(rng.normal(size=(batch, width)), dtype)
@@ -67,35 +67,33 @@ def test_dot_interaction_matches_tensorflow_ops(
 
 
 @pytest.mark.parametrize("dtype", [tf.float32, tf.bfloat16])
-def test_dot_interaction_carries_nan_and_infinity_through(library: object, dtype: tf.DType) -> None:
+def test_dot_interaction_carries_nan_and_infinity_through(library: Any, dtype: tf.DType) -> None:
     """The trainer's finite check relies on them reaching the gradients."""
     dense = np.ones((3, 16), np.float32)
     embeddings = np.ones((3, 2, 16), np.float32)
     dense[0, 5] = np.nan
     embeddings[1, 1, 0] = np.inf
-    out = library.dlrm_dot_interaction(  # type: ignore[attr-defined]
-        tf.constant(dense, dtype), tf.constant(embeddings, dtype)
-    )
+    out = library.dlrm_dot_interaction(tf.constant(dense, dtype), tf.constant(embeddings, dtype))
     pairs = _as_float(out)[:, 16:]  # (e1, d), (e2, d), (e2, e1)
     assert np.isnan(pairs[0, :2]).all() and pairs[0, 2] == 16
     assert pairs[1, 0] == 16 and np.isposinf(pairs[1, 1:]).all()
     np.testing.assert_array_equal(pairs[2], 16)
 
 
-def test_dot_interaction_rejects_mismatched_shapes(library: object) -> None:
+def test_dot_interaction_rejects_mismatched_shapes(library: Any) -> None:
     dense = tf.zeros([4, 8])
     with pytest.raises(tf.errors.InvalidArgumentError, match=r"do not match dense \[4,8\]"):
-        library.dlrm_dot_interaction(dense, tf.zeros([4, 3, 7]))  # type: ignore[attr-defined]
+        library.dlrm_dot_interaction(dense, tf.zeros([4, 3, 7]))
     with pytest.raises(tf.errors.InvalidArgumentError, match=r"expected dense \[B, D\] and"):
-        library.dlrm_dot_interaction(dense, tf.zeros([4, 24]))  # type: ignore[attr-defined]
+        library.dlrm_dot_interaction(dense, tf.zeros([4, 24]))
 
 
 @pytest.mark.parametrize("dtype", [tf.float32, tf.bfloat16, tf.float16, tf.float64])
-def test_all_finite_finds_every_nan_and_infinity(library: object, dtype: tf.DType) -> None:
+def test_all_finite_finds_every_nan_and_infinity(library: Any, dtype: tf.DType) -> None:
     rng = np.random.default_rng(3)
     # Sizes around the kernel's 1,024-value blocks and the threads' shards.
     values = [rng.normal(size=n) for n in (1, 1023, 1025, 200_003)]
-    check = library.dlrm_all_finite  # type: ignore[attr-defined]
+    check = library.dlrm_all_finite
     largest = float(tf.as_dtype(dtype).max)
     finite = [tf.constant(v, dtype) for v in values] + [tf.constant([largest, -largest], dtype)]
     assert bool(check(finite))
@@ -108,9 +106,9 @@ def test_all_finite_finds_every_nan_and_infinity(library: object, dtype: tf.DTyp
             assert not bool(tf.function(check)(tensors)), (bad, position)
 
 
-def test_all_finite_rejects_integer_tensors(library: object) -> None:
+def test_all_finite_rejects_integer_tensors(library: Any) -> None:
     with pytest.raises((TypeError, tf.errors.InvalidArgumentError)):
-        library.dlrm_all_finite([tf.constant([1, 2])])  # type: ignore[attr-defined]
+        library.dlrm_all_finite([tf.constant([1, 2])])
 
 
 def _tables(widths: list[int], rows: list[int], seed: int) -> list[tf.Variable]:
@@ -121,10 +119,8 @@ def _tables(widths: list[int], rows: list[int], seed: int) -> list[tf.Variable]:
     ]
 
 
-def _lookup(
-    library: object, tables: list[tf.Variable], ids: tf.Tensor, dtype: tf.DType
-) -> tf.Tensor:
-    return library.dlrm_embedding_lookup(  # type: ignore[attr-defined]
+def _lookup(library: Any, tables: list[tf.Variable], ids: tf.Tensor, dtype: tf.DType) -> tf.Tensor:
+    return library.dlrm_embedding_lookup(
         tables=[t.handle for t in tables], ids=ids, widths=[t.shape[1] for t in tables], T=dtype
     )
 
@@ -139,7 +135,7 @@ def _lookup(
     ],
 )
 def test_embedding_lookup_matches_gathers_side_by_side(
-    library: object, widths: list[int], index_dtype: tf.DType, dtype: tf.DType
+    library: Any, widths: list[int], index_dtype: tf.DType, dtype: tf.DType
 ) -> None:
     rows = [50 + 7 * t for t in range(len(widths))]
     tables = _tables(widths, rows, 8)
@@ -156,7 +152,7 @@ def test_embedding_lookup_matches_gathers_side_by_side(
     np.testing.assert_array_equal(_as_float(ours), _as_float(reference))
 
 
-def test_embedding_lookup_gradient_is_each_tables_rows(library: object) -> None:
+def test_embedding_lookup_gradient_is_each_tables_rows(library: Any) -> None:
     """Through tf.GradientTape (`fused_lookup` tells the tape of the tables, as
     tf.gather does): what tf.gather's gradient gives each table."""
     tables = _tables([4, 6], [9, 11], 10)
@@ -173,7 +169,7 @@ def test_embedding_lookup_gradient_is_each_tables_rows(library: object) -> None:
         np.testing.assert_array_equal(tf.convert_to_tensor(a), tf.convert_to_tensor(b))
 
 
-def test_embedding_lookup_rejects_bad_ids_and_widths(library: object) -> None:
+def test_embedding_lookup_rejects_bad_ids_and_widths(library: Any) -> None:
     tables = _tables([4, 4], [10, 20], 11)
     with pytest.raises(
         tf.errors.InvalidArgumentError,
@@ -185,7 +181,7 @@ def test_embedding_lookup_rejects_bad_ids_and_widths(library: object) -> None:
     with pytest.raises(
         tf.errors.InvalidArgumentError, match=r"tables\[1\] is float .*expected float32 \[rows, 5\]"
     ):
-        library.dlrm_embedding_lookup(  # type: ignore[attr-defined]
+        library.dlrm_embedding_lookup(
             tables=[t.handle for t in tables],
             ids=tf.constant([[1, 2]]),
             widths=[4, 5],
@@ -247,26 +243,15 @@ print(bool(module.dlrm_all_finite([tf.constant([1.0, 2.0])])))
 
 
 def test_first_use_builds_the_library_once_for_ranks_that_start_together(tmp_path: Path) -> None:
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
-    ranks = [
-        subprocess.Popen(
-            [sys.executable, "-c", FIRST_USE, str(tmp_path / "kernels")],
-            cwd=tmp_path,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for _ in range(2)
-    ]
-    outputs = [rank.communicate(timeout=300) for rank in ranks]
-    for rank, (stdout, stderr) in zip(ranks, outputs, strict=True):
-        assert rank.returncode == 0, stderr
-        assert stdout.strip() == "True"
-    compiled = [
-        line for _, stderr in outputs for line in stderr.splitlines() if "compiling" in line
-    ]
-    assert len(compiled) == 1, outputs
+    env = {"TF_CPP_MIN_LOG_LEVEL": "3"}
+    command = [sys.executable, "-c", FIRST_USE, str(tmp_path / "kernels")]
+    with ThreadPoolExecutor(2) as pool:  # both ranks at once
+        ranks = list(pool.map(lambda _: run(command, 300, env, cwd=tmp_path), range(2)))
+    for rank in ranks:
+        assert rank.returncode == 0, rank.stderr
+        assert rank.stdout.strip() == "True"
+    compiled = [line for rank in ranks for line in rank.stderr.splitlines() if "compiling" in line]
+    assert len(compiled) == 1, ranks
     assert f"into {tmp_path / 'kernels'}" in compiled[0]
     # The library alone (and the ranks' lock), no half-written file or objects left.
     library = f"dlrm_kernels-{kernels.fingerprint()}.so"
@@ -276,7 +261,7 @@ def test_first_use_builds_the_library_once_for_ranks_that_start_together(tmp_pat
         [sys.executable, "-m", "dlrm.kernels", "--output", str(tmp_path / "kernels" / library),
          "--if_missing"],
         timeout=300,
-        env={"TF_CPP_MIN_LOG_LEVEL": "3"},
+        env=env,
     )  # fmt: skip
     assert again.returncode == 0 and "up to date" in again.stdout, again.stderr
 
@@ -286,18 +271,9 @@ def test_a_failed_first_build_is_noted_once_and_not_repeated(tmp_path: Path) -> 
         "assert module is not None, kernels.unavailable_reason()",
         "print(kernels.unavailable_reason()); sys.exit(0)",
     )
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "CXX": "no-such-compiler"}
-    runs = [
-        subprocess.run(
-            [sys.executable, "-c", script, str(tmp_path / "kernels")],
-            cwd=tmp_path,
-            env=env,
-            capture_output=True,
-            text=True,
-            check=False,
-        )
-        for _ in range(2)
-    ]
+    env = {"TF_CPP_MIN_LOG_LEVEL": "3", "CXX": "no-such-compiler"}
+    command = [sys.executable, "-c", script, str(tmp_path / "kernels")]
+    runs = [run(command, 300, env, cwd=tmp_path) for _ in range(2)]
     for result in runs:
         assert result.returncode == 0, result.stderr
         assert "their build failed: no C++ compiler: 'no-such-compiler'" in result.stdout

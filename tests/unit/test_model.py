@@ -6,26 +6,28 @@ import math
 
 import numpy as np
 import pytest
+import tensorflow as tf
 
 from dlrm.embedding.local import LocalEmbeddings
 from dlrm.model.config import ModelConfig
 from dlrm.model.dlrm import Dlrm
+from dlrm.model.export import serving_id_dtype
+from dlrm.model.interaction import BLOCK_ROWS
 
 # Odd, tiny sizes (keras-rs style) so that shape bugs surface.
 CARDINALITIES = (23, 7, 11)
+DEFAULTS = {
+    "num_numerical": 5,
+    "cardinalities": CARDINALITIES,
+    "hotness": (1, 1, 1),
+    "embedding_dim": 7,
+    "bottom_mlp_dims": (13, 7),
+    "top_mlp_dims": (9, 1),
+}
 
 
 def config(**overrides: object) -> ModelConfig:
-    values: dict = {
-        "num_numerical": 5,
-        "cardinalities": CARDINALITIES,
-        "hotness": (1, 1, 1),
-        "embedding_dim": 7,
-        "bottom_mlp_dims": (13, 7),
-        "top_mlp_dims": (9, 1),
-    }
-    values.update(overrides)
-    return ModelConfig(**values)
+    return ModelConfig(**{**DEFAULTS, **overrides})
 
 
 def test_output_shape_one_hot() -> None:
@@ -56,8 +58,6 @@ def test_amp_embeddings_give_16_bit_vectors_and_float32_table_gradients() -> Non
     compute dtype before putting them side by side (the model would round them
     anyway, and a float32 copy of the step's largest activation is not kept);
     the tables and their gradients stay float32."""
-    import tensorflow as tf
-
     rng = np.random.default_rng(0)
     ids = np.stack([rng.integers(0, c, 6) for c in CARDINALITIES], axis=1).astype(np.int32)
     model = Dlrm(config(), dtype_policy="mixed_bfloat16")
@@ -109,8 +109,7 @@ def test_cross_takes_one_width_per_table() -> None:
     )
     assert c.embedding_dims == (4, 6, 3) and c.interaction_width == 5 + 13
     model = Dlrm(c)
-    ids = np.zeros((2, 3), np.int32)
-    assert model(np.ones((2, 5), np.float32), ids).shape == (2, 1)
+    assert model(np.ones((2, 5), np.float32), np.zeros((2, 3), np.int32)).shape == (2, 1)
     assert [t.shape[1] for t in model.embeddings.tables] == [4, 6, 3]
     assert model.top_mlp.layers[0].kernel.shape == (18, 9)
     # Equal widths given per table are the one width (and compare equal to it).
@@ -135,18 +134,12 @@ def test_model_config_errors_name_the_flags() -> None:
 
 
 def test_serving_takes_int64_ids_only_when_a_table_needs_them() -> None:
-    import tensorflow as tf
-
-    from dlrm.model.export import serving_id_dtype
-
     assert serving_id_dtype((23, 2**31)) == tf.int32  # ids up to 2^31 - 1
     assert serving_id_dtype((23, 2**31 + 1)) == tf.int64
 
 
 def test_under_xla_the_dot_interaction_runs_whole_batch_products() -> None:
     """Its blocks only add buffers under XLA; the same weights give the same logits."""
-    from dlrm.model.interaction import BLOCK_ROWS
-
     rng = np.random.default_rng(3)
     rows = BLOCK_ROWS + 5
     numerical = rng.random((rows, 5), dtype=np.float32)
@@ -155,9 +148,7 @@ def test_under_xla_the_dot_interaction_runs_whole_batch_products() -> None:
     assert in_blocks.interaction.block_rows == BLOCK_ROWS and whole.interaction.block_rows is None
     # On a GPU too: the blocks are a CPU's cache tuning.
     assert Dlrm(config(), on_gpu=True).interaction.block_rows is None
-    in_blocks(numerical, ids)
-    whole(numerical, ids)
+    want = in_blocks(numerical, ids).numpy()
+    whole(numerical, ids)  # builds its weights
     whole.set_weights(in_blocks.get_weights())
-    np.testing.assert_allclose(
-        whole(numerical, ids).numpy(), in_blocks(numerical, ids).numpy(), rtol=1e-5, atol=1e-5
-    )
+    np.testing.assert_allclose(whole(numerical, ids).numpy(), want, rtol=1e-5, atol=1e-5)

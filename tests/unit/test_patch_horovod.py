@@ -6,13 +6,14 @@ missing (another Horovod version)."""
 from __future__ import annotations
 
 import importlib.util
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[2] / "packaging" / "patch_horovod.py"
+from tests.harness.processes import REPO, run
+
+SCRIPT = REPO / "packaging" / "patch_horovod.py"
 _spec = importlib.util.spec_from_file_location("patch_horovod", SCRIPT)
 assert _spec is not None and _spec.loader is not None
 patch_horovod = importlib.util.module_from_spec(_spec)
@@ -103,34 +104,35 @@ SETUP_SOURCE = """\
 HANDLE = "static_cast<GpuStreamHandle>(device_context->stream()->platform_specific_handle().stream)"
 
 
-def make_tree(
-    root: Path,
-    xla: str = XLA_SOURCE,
-    mpi_ops: str = MPI_OPS_SOURCE,
-    util: str = UTIL_SOURCE,
-    launch: str = LAUNCH_SOURCE,
-    setup: str = SETUP_SOURCE,
-) -> Path:
-    directory = root / "horovod" / "tensorflow"
-    directory.mkdir(parents=True)
-    (directory / "xla_mpi_ops.cc").write_text(xla)
-    (directory / "mpi_ops.cc").write_text(mpi_ops)
-    (root / "horovod" / "common").mkdir()
-    (root / "horovod" / "common" / "util.py").write_text(util)
-    (root / "horovod" / "runner").mkdir()
-    (root / "horovod" / "runner" / "launch.py").write_text(launch)
-    (root / "setup.py").write_text(setup)
+SOURCES = {
+    patch_horovod.XLA_FILE: XLA_SOURCE,
+    patch_horovod.STREAM_FILE: MPI_OPS_SOURCE,
+    patch_horovod.MUTE_FILE: UTIL_SOURCE,
+    patch_horovod.LAUNCH_FILE: LAUNCH_SOURCE,
+    patch_horovod.SETUP_FILE: SETUP_SOURCE,
+}
+
+
+def make_tree(root: Path, changes: dict[Path, str] | None = None) -> Path:
+    """The five sources under `root`, as in the sdist unless `changes` gives one."""
+    for name, text in (SOURCES | (changes or {})).items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
     return root
 
 
-def read(root: Path) -> tuple[str, str]:
-    directory = root / "horovod" / "tensorflow"
-    return (directory / "xla_mpi_ops.cc").read_text(), (directory / "mpi_ops.cc").read_text()
+def read_tree(root: Path) -> dict[Path, str]:
+    return {name: (root / name).read_text() for name in SOURCES}
+
+
+def patched(root: Path, name: Path, changes: dict[Path, str] | None = None) -> str:
+    """The text of `name` after patching the tree."""
+    patch_horovod.patch(make_tree(root, changes))
+    return (root / name).read_text()
 
 
 def test_disables_the_xla_section(tmp_path: Path) -> None:
-    patch_horovod.patch(make_tree(tmp_path))
-    xla, _ = read(tmp_path)
+    xla = patched(tmp_path, patch_horovod.XLA_FILE)
     assert xla.startswith("#include <memory>\n\n#if 0 && TENSORFLOW_VERSION >= 2006000000  //")
     assert xla.count("#if 0") == 1
     # Only that line changed; the closing #endif is untouched.
@@ -138,8 +140,7 @@ def test_disables_the_xla_section(tmp_path: Path) -> None:
 
 
 def test_replaces_every_as_gpu_stream_value_call(tmp_path: Path) -> None:
-    patch_horovod.patch(make_tree(tmp_path))
-    _, mpi_ops = read(tmp_path)
+    mpi_ops = patched(tmp_path, patch_horovod.STREAM_FILE)
     assert "AsGpuStreamValue" not in mpi_ops
     assert "namespace stream_executor {" not in mpi_ops
     assert mpi_ops.count(HANDLE) == 3
@@ -150,8 +151,7 @@ def test_replaces_every_as_gpu_stream_value_call(tmp_path: Path) -> None:
 
 
 def test_mutes_the_descriptors_of_the_extension_check(tmp_path: Path) -> None:
-    patch_horovod.patch(make_tree(tmp_path))
-    util = (tmp_path / patch_horovod.MUTE_FILE).read_text()
+    util = patched(tmp_path, patch_horovod.MUTE_FILE)
     lines = util.splitlines()
     muted = lines.index("            sys.stderr = open(os.devnull, 'w')")
     assert lines[muted + 2 : muted + 4] == [
@@ -169,86 +169,91 @@ def test_mutes_the_descriptors_of_the_extension_check(tmp_path: Path) -> None:
 
 def test_wraps_a_non_postfix_argument_in_parentheses(tmp_path: Path) -> None:
     source = MPI_OPS_SOURCE + "auto s = stream_executor::gpu::AsGpuStreamValue(a ? b : c);\n"
-    patch_horovod.patch(make_tree(tmp_path, mpi_ops=source))
-    _, mpi_ops = read(tmp_path)
-    assert "static_cast<GpuStreamHandle>((a ? b : c)->platform_specific_handle().stream)" in (
-        mpi_ops
-    )
+    mpi_ops = patched(tmp_path, patch_horovod.STREAM_FILE, {patch_horovod.STREAM_FILE: source})
+    wrapped = "static_cast<GpuStreamHandle>((a ? b : c)->platform_specific_handle().stream)"
+    assert wrapped in mpi_ops
 
 
 def test_second_run_changes_nothing(tmp_path: Path) -> None:
     tree = make_tree(tmp_path)
     first = patch_horovod.patch(tree)
     assert "already patched" not in first
-    patched = read(tree)
+    once = read_tree(tree)
     second = patch_horovod.patch(tree)
-    assert read(tree) == patched
-    assert second.splitlines() == [
-        f"{tree / patch_horovod.XLA_FILE}: already patched",
-        f"{tree / patch_horovod.STREAM_FILE}: already patched",
-        f"{tree / patch_horovod.MUTE_FILE}: already patched",
-        f"{tree / patch_horovod.LAUNCH_FILE}: already patched",
-        f"{tree / patch_horovod.SETUP_FILE}: already patched",
-        f"{tree / patch_horovod.MUTE_FILE}: already patched",
-    ]
+    assert read_tree(tree) == once
+    names = [*SOURCES, patch_horovod.MUTE_FILE]  # util.py twice: two patches
+    assert second.splitlines() == [f"{tree / name}: already patched" for name in names]
 
 
 def test_command_line_prints_what_it_patched(tmp_path: Path) -> None:
     tree = make_tree(tmp_path)
-    run = subprocess.run(
-        [sys.executable, str(SCRIPT), str(tree)], capture_output=True, text=True, check=True
-    )
-    assert "xla_mpi_ops.cc: patched (XLA section disabled)" in run.stdout
-    assert "mpi_ops.cc: patched (3 AsGpuStreamValue calls" in run.stdout
-    assert "util.py: patched (extension check muted)" in run.stdout
-    assert "launch.py: patched (failed ranks in one line)" in run.stdout
-    assert "setup.py: patched (Release build, no debug info)" in run.stdout
-    assert "util.py: patched (build checks ask the library)" in run.stdout
+    stdout = run([sys.executable, str(SCRIPT), str(tree)], timeout=60, check=True).stdout
+    assert "xla_mpi_ops.cc: patched (XLA section disabled)" in stdout
+    assert "mpi_ops.cc: patched (3 AsGpuStreamValue calls" in stdout
+    assert "util.py: patched (extension check muted)" in stdout
+    assert "launch.py: patched (failed ranks in one line)" in stdout
+    assert "setup.py: patched (Release build, no debug info)" in stdout
+    assert "util.py: patched (build checks ask the library)" in stdout
 
 
-@pytest.mark.parametrize(
-    ("xla", "mpi_ops", "message"),
-    [
-        pytest.param(
-            XLA_SOURCE.replace("2006000000\n", "2007000000\n"),
-            MPI_OPS_SOURCE,
-            "expected exactly one line",
-            id="xla-guard-changed",
-        ),
-        pytest.param(
-            XLA_SOURCE,
-            MPI_OPS_SOURCE.replace("// Forward declaration of AsGpuStreamValue\n", ""),
-            "forward declaration",
-            id="declaration-changed",
-        ),
-        pytest.param(
-            XLA_SOURCE,
-            MPI_OPS_SOURCE.replace("stream_executor::gpu::AsGpuStreamValue(", "Other("),
-            "expected calls",
-            id="no-calls",
-        ),
-        pytest.param(
-            XLA_SOURCE,
-            MPI_OPS_SOURCE + "using stream_executor::gpu::AsGpuStreamValue;\n",
-            "still used",
-            id="unknown-use",
-        ),
-        pytest.param(
-            XLA_SOURCE,
-            MPI_OPS_SOURCE + "x = stream_executor::gpu::AsGpuStreamValue(s;\n",
-            "unbalanced",
-            id="unbalanced",
-        ),
-    ],
-)
+BROKEN = {
+    "xla-guard-changed": (
+        patch_horovod.XLA_FILE,
+        XLA_SOURCE.replace("2006000000\n", "2007000000\n"),
+        "expected exactly one line",
+    ),
+    "declaration-changed": (
+        patch_horovod.STREAM_FILE,
+        MPI_OPS_SOURCE.replace("// Forward declaration of AsGpuStreamValue\n", ""),
+        "forward declaration",
+    ),
+    "no-calls": (
+        patch_horovod.STREAM_FILE,
+        MPI_OPS_SOURCE.replace("stream_executor::gpu::AsGpuStreamValue(", "Other("),
+        "expected calls",
+    ),
+    "unknown-use": (
+        patch_horovod.STREAM_FILE,
+        MPI_OPS_SOURCE + "using stream_executor::gpu::AsGpuStreamValue;\n",
+        "still used",
+    ),
+    "unbalanced": (
+        patch_horovod.STREAM_FILE,
+        MPI_OPS_SOURCE + "x = stream_executor::gpu::AsGpuStreamValue(s;\n",
+        "unbalanced",
+    ),
+    "extension-check-changed": (
+        patch_horovod.MUTE_FILE,
+        UTIL_SOURCE.replace("sys.stderr = open(os.devnull, 'w')", "sys.stderr = None"),
+        "mutes the extension check's output",
+    ),
+    "launcher-changed": (
+        patch_horovod.LAUNCH_FILE,
+        LAUNCH_SOURCE.replace("    _run(args)\n", "    return _run(args)\n"),
+        "expected exactly one call of _run",
+    ),
+    "build-configuration-changed": (
+        patch_horovod.SETUP_FILE,
+        SETUP_SOURCE.replace("'RelWithDebInfo'", "'Release'"),
+        "expected exactly one RelWithDebInfo",
+    ),
+    "extension-import-changed": (
+        patch_horovod.MUTE_FILE,
+        UTIL_SOURCE.replace("importlib.import_module(", "importlib.__import__("),
+        "expected exactly one import of the extension",
+    ),
+}
+
+
+@pytest.mark.parametrize(("name", "source", "message"), BROKEN.values(), ids=list(BROKEN))
 def test_fails_loudly_and_writes_nothing(
-    tmp_path: Path, xla: str, mpi_ops: str, message: str
+    tmp_path: Path, name: Path, source: str, message: str
 ) -> None:
-    tree = make_tree(tmp_path, xla, mpi_ops)
+    tree = make_tree(tmp_path, {name: source})
     with pytest.raises(SystemExit, match=message) as failure:
         patch_horovod.patch(tree)
     assert "Refusing to patch" in str(failure.value)
-    assert read(tree) == (xla, mpi_ops)
+    assert read_tree(tree) == SOURCES | {name: source}  # not even another file's patch
 
 
 def test_fails_loudly_on_a_missing_file(tmp_path: Path) -> None:
@@ -260,33 +265,22 @@ def test_fails_loudly_on_a_missing_file(tmp_path: Path) -> None:
 
 
 def test_command_line_exits_non_zero_on_failure(tmp_path: Path) -> None:
-    tree = make_tree(tmp_path, xla="// nothing to patch\n")
-    run = subprocess.run([sys.executable, str(SCRIPT), str(tree)], capture_output=True, text=True)
-    assert run.returncode != 0
-    assert "Refusing to patch" in run.stderr
-
-
-def test_fails_loudly_when_the_extension_check_changed(tmp_path: Path) -> None:
-    util = UTIL_SOURCE.replace("sys.stderr = open(os.devnull, 'w')", "sys.stderr = None")
-    tree = make_tree(tmp_path, util=util)
-    with pytest.raises(SystemExit, match="mutes the extension check's output"):
-        patch_horovod.patch(tree)
-    assert read(tree) == (XLA_SOURCE, MPI_OPS_SOURCE)  # nothing written
-    assert (tree / patch_horovod.MUTE_FILE).read_text() == util
+    tree = make_tree(tmp_path, {patch_horovod.XLA_FILE: "// nothing to patch\n"})
+    result = run([sys.executable, str(SCRIPT), str(tree)], timeout=60)
+    assert result.returncode != 0
+    assert "Refusing to patch" in result.stderr
 
 
 def _run_patched_launcher(tmp_path: Path, error: str, log_level: str | None) -> tuple[int, str]:
     """Runs the patched run_commandline with a _run that raises RuntimeError(error)."""
-    tree = make_tree(tmp_path)
-    patch_horovod.patch(tree)
-    launcher = (tree / patch_horovod.LAUNCH_FILE).read_text()
     program = (
         "import logging, sys, types\n"
         f"def parse_args(): return types.SimpleNamespace(log_level={log_level!r})\n"
-        f"def _run(args): raise RuntimeError({error!r})\n" + launcher
+        f"def _run(args): raise RuntimeError({error!r})\n"
+        + patched(tmp_path, patch_horovod.LAUNCH_FILE)
     )
-    run = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True)
-    return run.returncode, run.stderr
+    result = run([sys.executable, "-c", program], timeout=60)
+    return result.returncode, result.stderr
 
 
 def test_a_failed_rank_ends_horovodrun_in_one_line(tmp_path: Path) -> None:
@@ -309,37 +303,16 @@ def test_a_failed_rank_ends_horovodrun_in_one_line(tmp_path: Path) -> None:
     assert code == 1 and "Traceback" in stderr and "could not reach host" in stderr
 
 
-def test_fails_loudly_when_the_launcher_changed(tmp_path: Path) -> None:
-    launch = LAUNCH_SOURCE.replace("    _run(args)\n", "    return _run(args)\n")
-    tree = make_tree(tmp_path, launch=launch)
-    with pytest.raises(SystemExit, match="expected exactly one call of _run"):
-        patch_horovod.patch(tree)
-    assert (tree / patch_horovod.LAUNCH_FILE).read_text() == launch
-
-
 def test_builds_release_without_debug_info(tmp_path: Path) -> None:
-    tree = make_tree(tmp_path)
-    patch_horovod.patch(tree)
-    setup = (tree / patch_horovod.SETUP_FILE).read_text()
+    setup = patched(tmp_path, patch_horovod.SETUP_FILE)
     assert "RelWithDebInfo" not in setup
     assert """os.environ.get('HOROVOD_DEBUG') == "1" else 'Release'""" in setup
     # Debug builds on request stay as they were.
     assert "config = 'Debug' if self.debug or" in setup
 
 
-def test_fails_loudly_when_the_build_configuration_changed(tmp_path: Path) -> None:
-    setup = SETUP_SOURCE.replace("'RelWithDebInfo'", "'Release'")
-    tree = make_tree(tmp_path, setup=setup)
-    with pytest.raises(SystemExit, match="expected exactly one RelWithDebInfo"):
-        patch_horovod.patch(tree)
-    assert read(tree) == (XLA_SOURCE, MPI_OPS_SOURCE)  # nothing written
-    assert (tree / patch_horovod.SETUP_FILE).read_text() == setup
-
-
 def test_build_checks_ask_the_library_before_importing(tmp_path: Path) -> None:
-    tree = make_tree(tmp_path)
-    patch_horovod.patch(tree)
-    util = (tree / patch_horovod.MUTE_FILE).read_text()
+    util = patched(tmp_path, patch_horovod.MUTE_FILE)
     # Both util.py patches, each once: the muted descriptors and the library check.
     assert util.count("os.dup2(") == 2 and util.count("def _library_of(") == 1
     assert util.index("def _library_of(") < util.index("def _check_extension_lambda(")
@@ -353,11 +326,3 @@ def test_build_checks_ask_the_library_before_importing(tmp_path: Path) -> None:
     assert namespace["_library_of"]("torch", "built with Gloo") is None
     assert namespace["_library_of"]("tensorflow", "built") is None
     assert namespace["_library_of"]("tensorflow", "running with GPU") is None
-
-
-def test_fails_loudly_when_the_extension_import_changed(tmp_path: Path) -> None:
-    util = UTIL_SOURCE.replace("importlib.import_module(", "importlib.__import__(")
-    tree = make_tree(tmp_path, util=util)
-    with pytest.raises(SystemExit, match="expected exactly one import of the extension"):
-        patch_horovod.patch(tree)
-    assert (tree / patch_horovod.MUTE_FILE).read_text() == util  # neither util.py patch

@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import random
+import subprocess
+import sys
 from typing import Any
 
 import pytest
@@ -47,8 +49,15 @@ TINY_CONFIG = PlannerConfig(
 )
 
 
-def check_plan(plan: ShardingPlan, tables: list[TableSpec], config: PlannerConfig) -> None:
-    """Checks a plan cell by cell, independently of the plan's own validation."""
+@pytest.fixture(scope="module")
+def plan() -> ShardingPlan:
+    """TINY's plan, one for the module: a plan is frozen."""
+    return plan_sharding(TINY, TINY_CONFIG)
+
+
+def checked_plan(tables: list[TableSpec], config: PlannerConfig) -> ShardingPlan:
+    """Plans the tables, then checks the plan cell by cell, apart from its own validation."""
+    plan = plan_sharding(tables, config)
     n, slots = config.world_size, config.optimizer_slots
     assert plan.world_size == n
     assert [t.table for t in plan.tables] == list(range(len(tables)))
@@ -57,12 +66,9 @@ def check_plan(plan: ShardingPlan, tables: list[TableSpec], config: PlannerConfi
         assert entry.spec == spec
         ranks = [s.rank for s in entry.shards]
         assert len(set(ranks)) == len(ranks) and all(0 <= r < n for r in ranks)
-        for s in entry.shards:
-            memory[s.rank] += (
-                (s.rows[1] - s.rows[0])
-                * (s.columns[1] - s.columns[0])
-                * (spec.dtype_bytes * (1 + slots))
-            )
+        areas = [(s.rows[1] - s.rows[0]) * (s.columns[1] - s.columns[0]) for s in entry.shards]
+        for s, area in zip(entry.shards, areas, strict=True):
+            memory[s.rank] += area * spec.dtype_bytes * (1 + slots)
         if entry.kind == DATA_PARALLEL:
             assert sorted(ranks) == list(range(n))
             assert all(
@@ -70,16 +76,14 @@ def check_plan(plan: ShardingPlan, tables: list[TableSpec], config: PlannerConfi
             )
             continue
         cells = [0] * (spec.rows * spec.dim) if spec.rows * spec.dim <= 100_000 else None
-        area = 0
         for s in entry.shards:
             assert 0 <= s.rows[0] < s.rows[1] <= spec.rows
             assert 0 <= s.columns[0] < s.columns[1] <= spec.dim
-            area += (s.rows[1] - s.rows[0]) * (s.columns[1] - s.columns[0])
             if cells is not None:
                 for row in range(*s.rows):
                     for column in range(*s.columns):
                         cells[row * spec.dim + column] += 1
-        assert area == spec.rows * spec.dim
+        assert sum(areas) == spec.rows * spec.dim
         assert cells is None or set(cells) == {1}
         if entry.kind == ROW_WISE:
             assert all(s.columns == (0, spec.dim) for s in entry.shards)
@@ -89,24 +93,18 @@ def check_plan(plan: ShardingPlan, tables: list[TableSpec], config: PlannerConfi
     assert memory == plan.memory_per_rank()
     if config.memory_budget_bytes is not None:
         assert max(memory) <= config.memory_budget_bytes
+    return plan
 
 
 def test_tiny_odd_sizes_get_every_kind() -> None:
-    plan = plan_sharding(TINY, TINY_CONFIG)
-    check_plan(plan, TINY, TINY_CONFIG)
-    assert [t.kind for t in plan.tables] == [
-        TABLE_WISE,
-        TABLE_WISE,
-        COLUMN_WISE,
-        ROW_WISE,
-        DATA_PARALLEL,
-    ]
+    plan = checked_plan(TINY, TINY_CONFIG)
+    kinds = [t.kind for t in plan.tables]
+    assert kinds == [TABLE_WISE, TABLE_WISE, COLUMN_WISE, ROW_WISE, DATA_PARALLEL]
     assert sorted(s.columns for s in plan.tables[2].shards) == [(0, 4), (4, 8), (8, 11)]
     assert sorted(s.rows for s in plan.tables[3].shards) == [(0, 1150), (1150, 2300)]
 
 
-def test_local_shards_and_tables_on() -> None:
-    plan = plan_sharding(TINY, TINY_CONFIG)
+def test_local_shards_and_tables_on(plan: ShardingPlan) -> None:
     for rank in range(3):
         local = plan.local_shards(rank)
         replica = TableShard(4, ShardingKind.DATA_PARALLEL, rank, (0, 4), (0, 7))
@@ -136,23 +134,17 @@ def test_column_slices_are_multiples_of_four_when_the_width_allows() -> None:
 
 def test_a_one_row_table_above_the_row_threshold_stays_whole() -> None:
     config = PlannerConfig(2, data_parallel_threshold=0, row_slice_threshold=1000)
-    plan = plan_sharding([TableSpec(1, 5000, hotness=2), TableSpec(3, 5000)], config)
-    check_plan(plan, [TableSpec(1, 5000, hotness=2), TableSpec(3, 5000)], config)
+    plan = checked_plan([TableSpec(1, 5000, hotness=2), TableSpec(3, 5000)], config)
     assert [t.kind for t in plan.tables] == [TABLE_WISE, ROW_WISE]
 
 
-def skewed_tables() -> list[TableSpec]:
-    """One huge, hot table and twenty small ones."""
-    return [TableSpec(200_000, 16, hotness=4)] + [TableSpec(1_000 + 37 * i, 16) for i in range(20)]
-
-
 def test_cost_balances_a_skewed_set_better_than_round_robin() -> None:
-    tables = skewed_tables()
+    huge = TableSpec(200_000, 16, hotness=4)
+    tables = [huge] + [TableSpec(1_000 + 37 * i, 16) for i in range(20)]
     loads = {}
     for strategy in STRATEGIES:
         config = PlannerConfig(4, data_parallel_threshold=0, strategy=strategy)
-        plan = plan_sharding(tables, config)
-        check_plan(plan, tables, config)
+        plan = checked_plan(tables, config)
         loads[strategy] = (max(plan.memory_per_rank()), max(plan.lookup_bytes_per_rank()))
     # The huge table sets the floor; round robin stacks small tables on top of it.
     assert loads["cost"][0] < loads["basic"][0]
@@ -184,12 +176,11 @@ def test_random_table_sets_are_valid_and_within_budget(seed: int) -> None:
                 optimizer_slots=slots,
             )
             try:
-                plan = plan_sharding(tables, config)
+                plan = checked_plan(tables, config)
             except PlanError as error:
                 assert budget is not None, error  # only a budget can refuse a plan
                 assert any(c.isdigit() for c in str(error))
                 continue
-            check_plan(plan, tables, config)
             assert ShardingPlan.from_json(plan.to_json()) == plan
 
 
@@ -199,14 +190,13 @@ def test_random_sets_without_budget_always_plan() -> None:
         tables = [TableSpec(rng.randint(1, 5_000), rng.randint(1, 40)) for _ in range(8)]
         config = PlannerConfig(rng.randint(1, 5), column_slice_threshold=20_000,
                                row_slice_threshold=100_000)  # fmt: skip
-        check_plan(plan_sharding(tables, config), tables, config)
+        checked_plan(tables, config)
 
 
 def test_criteo_1tb_on_8_ranks_is_valid_and_balanced() -> None:
     tables = [TableSpec(rows, 128) for rows in CRITEO_1TB_MLPERF_CARDINALITIES]
     config = PlannerConfig(8, 16 * GiB)
-    plan = plan_sharding(tables, config)
-    check_plan(plan, tables, config)
+    plan = checked_plan(tables, config)
     kinds = [t.kind for t in plan.tables]
     assert kinds.count(COLUMN_WISE) == 5  # the tables of 25 M rows and more
     assert kinds.count(DATA_PARALLEL) == 13  # up to 8192 rows
@@ -230,8 +220,7 @@ def test_json_round_trip() -> None:
     assert again.memory_per_rank() == plan.memory_per_rank()
 
 
-def test_format_table_lists_every_table_and_rank() -> None:
-    plan = plan_sharding(TINY, TINY_CONFIG)
+def test_format_table_lists_every_table_and_rank(plan: ShardingPlan) -> None:
     text = format_plan(plan)
     lines = text.splitlines()
     for entry in plan.tables:
@@ -264,15 +253,13 @@ def corrupt(plan: ShardingPlan, table: int, shards: list[dict[str, object]]) -> 
     ],
 )  # fmt: skip
 def test_invalid_plans_are_refused(
-    table: int, shards: list[dict[str, object]], message: str
+    table: int, shards: list[dict[str, object]], message: str, plan: ShardingPlan
 ) -> None:
-    plan = plan_sharding(TINY, TINY_CONFIG)
     with pytest.raises(PlanError, match=message):
         ShardingPlan.from_dict(corrupt(plan, table, shards))
 
 
-def test_the_planner_names_what_breaks_the_tiling() -> None:
-    plan = plan_sharding(TINY, TINY_CONFIG)
+def test_the_planner_names_what_breaks_the_tiling(plan: ShardingPlan) -> None:
     overlap = [
         {"rank": 0, "rows": [0, 1200], "columns": [0, 7]},
         {"rank": 1, "rows": [1100, 2300], "columns": [0, 7]},
@@ -317,8 +304,7 @@ def test_coverage_of_a_slice_needs_only_the_shards_that_meet_it() -> None:
     assert shards[1].clip((0, 10), (0, 7)) is None
 
 
-def test_a_plan_stored_without_its_shards_takes_them_back() -> None:
-    plan = plan_sharding(TINY, TINY_CONFIG)
+def test_a_plan_stored_without_its_shards_takes_them_back(plan: ShardingPlan) -> None:
     data = plan.to_dict(with_shards=False)
     assert all("shards" not in table for table in data["tables"])
     assert {k: v for k, v in data.items() if k != "tables"} == {
@@ -334,16 +320,14 @@ def test_a_plan_stored_without_its_shards_takes_them_back() -> None:
         ShardingPlan.from_dict(data, shards=[s for s in written if s != plan.tables[2].shards[0]])
 
 
-def test_tables_out_of_order_or_missing_are_refused() -> None:
-    plan = plan_sharding(TINY, TINY_CONFIG)
+def test_tables_out_of_order_or_missing_are_refused(plan: ShardingPlan) -> None:
     with pytest.raises(PlanError, match="plan entry 1 is for table 2"):
         ShardingPlan(3, "cost", (plan.tables[0], *plan.tables[2:]))
     with pytest.raises(PlanError, match="'diagonal' is not one of"):
         TablePlan(0, "diagonal", TINY[0], plan.tables[0].shards)
 
 
-def test_plan_for_another_run_is_refused() -> None:
-    plan = plan_sharding(TINY, TINY_CONFIG)
+def test_plan_for_another_run_is_refused(plan: ShardingPlan) -> None:
     plan.validate(TINY, 3)
     with pytest.raises(PlanError, match="the sharding plan is for 3 ranks, this run has 4"):
         plan.validate(TINY, 4)
@@ -377,15 +361,14 @@ def test_error_when_one_table_cannot_be_split_enough() -> None:
 
 def test_error_names_the_rank_that_would_overflow() -> None:
     tables = [TableSpec(1024, 256)] * 3  # 1 MiB each; 2 ranks of 1.5 MiB hold only two
-    config = PlannerConfig(2, 3 << 19, data_parallel_threshold=0)
     with pytest.raises(PlanError, match=r"rank 0 would hold 2.0 MiB, 512.0 KiB over the 1.5 MiB"):
-        plan_sharding(tables, config)
+        plan_sharding(tables, PlannerConfig(2, 3 << 19, data_parallel_threshold=0))
 
 
 def test_round_robin_overflows_where_the_greedy_fits() -> None:
     tables = [TableSpec(1024, 256), TableSpec(64, 256), TableSpec(1024, 256), TableSpec(64, 256)]
     config = PlannerConfig(2, (1 << 20) + (1 << 17), data_parallel_threshold=0)
-    check_plan(plan_sharding(tables, config), tables, config)
+    checked_plan(tables, config)
     with pytest.raises(PlanError, match=r"table 2 .*\(basic strategy\): rank 0 would hold 2.0 MiB"):
         plan_sharding(tables, dataclasses.replace(config, strategy="basic"))
 
@@ -416,9 +399,6 @@ def test_table_spec_rejects_empty_tables() -> None:
 
 
 def test_importing_the_planner_loads_neither_tensorflow_nor_horovod() -> None:
-    import subprocess
-    import sys
-
     probe = (
         "import sys, dlrm.embedding.planner; "
         "print(sorted(m for m in sys.modules if m.split('.')[0] in ('tensorflow', 'horovod')))"
@@ -429,8 +409,7 @@ def test_importing_the_planner_loads_neither_tensorflow_nor_horovod() -> None:
     assert result.stdout.strip() == "[]"
 
 
-def test_save_and_load_a_plan_file(tmp_path: Any) -> None:
-    plan = plan_sharding(TINY, TINY_CONFIG)
+def test_save_and_load_a_plan_file(tmp_path: Any, plan: ShardingPlan) -> None:
     path = plan.save(tmp_path / "plan.json")
     assert ShardingPlan.load(path) == plan
     assert not list(tmp_path.glob(".*.partial"))
@@ -457,8 +436,7 @@ def test_fewer_large_tables_than_ranks_are_sliced_so_every_rank_works() -> None:
     # one rank, leaving the other with no lookups (a job that hangs).
     tables = [TableSpec(3_000_000, 16), TableSpec(4, 16), TableSpec(10, 16)]
     config = PlannerConfig(2)
-    plan = plan_sharding(tables, config)
-    check_plan(plan, tables, config)
+    plan = checked_plan(tables, config)
     assert plan.tables[0].kind == COLUMN_WISE
     assert sorted(s.columns for s in plan.tables[0].shards) == [(0, 8), (8, 16)]
     assert [plan.tables_on(r) for r in range(2)] == [[0], [0]]
@@ -472,8 +450,7 @@ def test_fewer_large_tables_than_ranks_are_sliced_so_every_rank_works() -> None:
 def test_a_single_table_is_spread_over_every_rank(world_size: int) -> None:
     for spec in (TableSpec(5000, 16), TableSpec(5000, 2), TableSpec(3, 1)):
         config = PlannerConfig(world_size, data_parallel_threshold=0)
-        plan = plan_sharding([spec], config)
-        check_plan(plan, [spec], config)
+        plan = checked_plan([spec], config)
         used = {s.rank for s in plan.tables[0].shards}
         # As far as the table goes: a 3-row, 1-column table has 3 pieces at most.
         assert len(used) == min(world_size, max(spec.rows, spec.dim))
@@ -508,8 +485,7 @@ def test_replicated_gradients_take_the_cheaper_exchange() -> None:
         plan.gradient_exchange(2)
 
 
-def test_plans_written_before_notes_and_batch_still_load() -> None:
-    plan = plan_sharding(TINY, TINY_CONFIG)
+def test_plans_written_before_notes_and_batch_still_load(plan: ShardingPlan) -> None:
     data = plan.to_dict()
     del data["notes"], data["global_batch_size"]
     assert ShardingPlan.from_dict(data) == plan

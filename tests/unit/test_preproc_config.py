@@ -3,6 +3,8 @@ splits, thresholds, layouts, and errors that name the flag."""
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 from pathlib import Path
 
 import pytest
@@ -35,11 +37,8 @@ def day_files(directory: Path, names: list[str]) -> Path:
 
 def test_finds_plain_and_gzipped_day_files(tmp_path: Path) -> None:
     raw = day_files(tmp_path / "raw", ["day_0", "day_1.gz", "day_10", "notes.txt", "day_x"])
-    assert {d: p.name for d, p in find_day_files(raw).items()} == {
-        0: "day_0",
-        1: "day_1.gz",
-        10: "day_10",
-    }
+    found = {d: p.name for d, p in find_day_files(raw).items()}
+    assert found == {0: "day_0", 1: "day_1.gz", 10: "day_10"}
 
 
 def test_day_file_errors(tmp_path: Path) -> None:
@@ -119,39 +118,28 @@ def test_criteo_layout() -> None:
 
 
 def test_layout_validation() -> None:
+    kind = criteo_layout().numerical_kind
     with pytest.raises(PreprocessingError, match="every field used exactly once"):
-        InputLayout(",", ("y", "a", "b"), "y", "y", (), criteo_layout().numerical_kind, ())
+        InputLayout(",", ("y", "a", "b"), "y", "y", (), kind, ())
+    no_cardinality = CategoricalColumn("a", "a", CategoricalKind.ID)
     with pytest.raises(PreprocessingError, match="an id column needs a cardinality"):
-        InputLayout(
-            ",",
-            ("y", "a"),
-            "y",
-            "y",
-            (),
-            criteo_layout().numerical_kind,
-            (CategoricalColumn("a", "a", CategoricalKind.ID),),
-        )
+        InputLayout(",", ("y", "a"), "y", "y", (), kind, (no_cardinality,))
     with pytest.raises(PreprocessingError, match="delimiter"):
-        InputLayout("\n", ("y",), "y", "y", (), criteo_layout().numerical_kind, ())
+        InputLayout("\n", ("y",), "y", "y", (), kind, ())
 
 
 def test_pipeline_config_validation(tmp_path: Path) -> None:
-    layout = criteo_layout()
     files = (InputFile.of(tmp_path / "day_0", "train"), InputFile.of(tmp_path / "day_1", "test"))
-
-    def config(**overrides: object) -> PipelineConfig:
-        settings: dict[str, object] = {
-            "layout": layout,
-            "files": files,
-            "mappings": ("train", "test"),
-            "output_dir": tmp_path / "out",
-            "frequency_thresholds": (0,) * 26,
-            "numerical_transform": NumericalTransform.LOG,
-        }
-        settings.update(overrides)
-        return PipelineConfig(**settings)  # type: ignore[arg-type]
-
-    assert config().files_of("test") == (1,)
+    valid = PipelineConfig(
+        layout=criteo_layout(),
+        files=files,
+        mappings=("train", "test"),
+        output_dir=tmp_path / "out",
+        frequency_thresholds=(0,) * 26,
+        numerical_transform=NumericalTransform.LOG,
+    )
+    config = functools.partial(dataclasses.replace, valid)  # validated anew
+    assert valid.files_of("test") == (1,)
     with pytest.raises(PreprocessingError, match="expected 'train' first"):
         config(mappings=("test", "train"))
     with pytest.raises(PreprocessingError, match="mapping 'validation': expected input files"):
@@ -172,33 +160,34 @@ def test_cli_prints_flag_errors_without_traceback(
 ) -> None:
     raw = day_files(tmp_path / "raw", ["day_0", "day_1"])
     common = ["--input_dir", str(raw), "--output_dir", str(tmp_path / "out")]
-    assert main([*common, "--test_days", "7"]) == 1
-    err = capsys.readouterr().err
-    assert err.startswith("error: --test_days: day 7 has no file") and "Traceback" not in err
-    assert main([*common, "--feature_frequency_threshold", "C30=3"]) == 1
-    assert "error: --feature_frequency_threshold: expected NAME=N" in capsys.readouterr().err
-    assert main([*common, "--gpu"]) == 1
-    assert "error: --gpu: the RAPIDS Accelerator jar is required" in capsys.readouterr().err
-    assert main([*common, "--spark_conf", "novalue"]) == 1
-    assert "error: --spark_conf: expected key=value, got 'novalue'" in capsys.readouterr().err
-    # A dataset to carry forward that is none: refused before Spark starts.
-    assert main([*common, "--vocabulary_from", str(tmp_path / "nowhere")]) == 1
-    err = capsys.readouterr().err
-    assert err.startswith(f"error: --vocabulary_from {tmp_path / 'nowhere'}: expected a dataset")
-    assert main([*common, "--oov_buckets", "-1"]) == 1
-    assert "error: --oov_buckets: expected an int >= 0, got -1" in capsys.readouterr().err
+    nowhere = str(tmp_path / "nowhere")
+    for flags, error in [
+        (["--test_days", "7"], "--test_days: day 7 has no file"),
+        (
+            ["--feature_frequency_threshold", "C30=3"],
+            "--feature_frequency_threshold: expected NAME=N",
+        ),
+        (["--gpu"], "--gpu: the RAPIDS Accelerator jar is required"),
+        (["--spark_conf", "novalue"], "--spark_conf: expected key=value, got 'novalue'"),
+        # A dataset to carry forward that is none: refused before Spark starts.
+        (["--vocabulary_from", nowhere], f"--vocabulary_from {nowhere}: expected a dataset"),
+        (["--oov_buckets", "-1"], "--oov_buckets: expected an int >= 0, got -1"),
+    ]:
+        assert main([*common, *flags]) == 1
+        err = capsys.readouterr().err
+        assert err.startswith(f"error: {error}") and "Traceback" not in err
     assert not (tmp_path / "out").exists()
 
 
 def test_vocabulary_flags_reach_the_config(tmp_path: Path) -> None:
     raw = day_files(tmp_path / "raw", ["day_0", "day_1"])
     common = ["--input_dir", str(raw), "--output_dir", str(tmp_path / "out")]
-    config = criteo_config(build_parser().parse_args(common))
-    assert config.vocabulary_from is None and config.oov_buckets == 0
-    flags = ["--vocabulary_from", str(tmp_path / "day_a"), "--oov_buckets", "7"]
-    config = criteo_config(build_parser().parse_args([*common, *flags]))
-    assert config.vocabulary_from == tmp_path / "day_a" and config.oov_buckets == 7
+
+    def config(*flags: str) -> PipelineConfig:
+        return criteo_config(build_parser().parse_args([*common, *flags]))
+
+    assert config().vocabulary_from is None and config().oov_buckets == 0
+    carried = config("--vocabulary_from", str(tmp_path / "day_a"), "--oov_buckets", "7")
+    assert carried.vocabulary_from == tmp_path / "day_a" and carried.oov_buckets == 7
     with pytest.raises(PreprocessingError, match=r"--vocabulary_from \S+: expected an earlier"):
-        criteo_config(
-            build_parser().parse_args([*common, "--vocabulary_from", str(tmp_path / "out")])
-        )
+        config("--vocabulary_from", str(tmp_path / "out"))

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import random
 import re
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -46,23 +47,39 @@ LAYOUT = InputLayout(
 )
 
 
+REASONS = ("header", "field_count", "label", "numerical", "categorical")
+
+
+def input_table(
+    lines: list[str], files: list[int], blocks: list[int], rows: Iterable[int]
+) -> pa.Table:
+    """The lines of a task's input, as Spark hands them to the parser."""
+    return pa.table(
+        {
+            "_file": pa.array(files, pa.int32()),
+            "_block": pa.array(blocks, pa.int64()),
+            "_row": pa.array(rows, pa.int64()),
+            "value": pa.array(lines, pa.string()),
+        }
+    )
+
+
+def task_directories(tmp_path: Path) -> tuple[Path, Path]:
+    """The directories a task writes its rows and its value counts to."""
+    out, counts = tmp_path / "rows", tmp_path / "counts"
+    out.mkdir(exist_ok=True)
+    counts.mkdir(exist_ok=True)
+    return out, counts
+
+
 def run_task(
     tmp_path: Path, layout: InputLayout, lines: list[str], batch_rows: int = 3, examples: int = 20
 ) -> tuple[pa.Table, list[dict[str, Any]]]:
     """Parses `lines` (file 0, block 0, row ids 100...) as one task; returns the
     Parquet rows it wrote and its block rows."""
-    out = tmp_path / "rows"
-    out.mkdir(exist_ok=True)
-    table = pa.table(
-        {
-            "_file": pa.array([0] * len(lines), pa.int32()),
-            "_block": pa.array([0] * len(lines), pa.int64()),
-            "_row": pa.array(range(100, 100 + len(lines)), pa.int64()),
-            "value": pa.array(lines, pa.string()),
-        }
-    )
-    counts = tmp_path / "counts"
-    counts.mkdir(exist_ok=True)
+    out, counts = task_directories(tmp_path)
+    zeros = [0] * len(lines)
+    table = input_table(lines, zeros, zeros, range(100, 100 + len(lines)))
     task = ParseTask(layout, str(out), str(counts), examples)
     blocks = list(parse_partition(task, table.to_batches(max_chunksize=batch_rows)))
     written = list(out.iterdir())
@@ -90,21 +107,8 @@ def test_well_formed_lines_become_typed_columns(tmp_path: Path) -> None:
     assert rows.column("_cat2").to_pylist() == [3, None, 8, None]
     assert rows.column("_cat3").to_pylist() == [["a", "b"], [], [None, "c:d"], []]
     assert rows.column("_cat4").to_pylist() == [[1, 4], [], [None, 2], []]
-    assert blocks == [
-        {
-            "file": 0,
-            "block": 0,
-            "first_row": 100,
-            "lines": 4,
-            "positives": 2,
-            "header": 0,
-            "field_count": 0,
-            "label": 0,
-            "numerical": 0,
-            "categorical": 0,
-            "examples": "[]",
-        }
-    ]
+    expected = {"file": 0, "block": 0, "first_row": 100, "lines": 4, "positives": 2}
+    assert blocks == [{**expected, **dict.fromkeys(REASONS, 0), "examples": "[]"}]
 
 
 REJECTED = [
@@ -143,7 +147,7 @@ def test_every_rejected_line_gets_its_reason_and_message(tmp_path: Path) -> None
     rows, blocks = run_task(tmp_path, LAYOUT, lines, batch_rows=4)
     assert rows.column("_row").to_pylist() == [100, 100 + len(lines) - 1]
     (block,) = blocks
-    expected_counts = {"header": 0, "field_count": 0, "label": 0, "numerical": 0, "categorical": 0}
+    expected_counts = dict.fromkeys(REASONS, 0)
     for _, reason, _ in REJECTED:
         expected_counts[reason] += 1
     assert {k: block[k] for k in expected_counts} == expected_counts
@@ -158,19 +162,11 @@ def test_every_rejected_line_gets_its_reason_and_message(tmp_path: Path) -> None
 
 
 def test_examples_are_limited_per_block_and_blocks_counted_apart(tmp_path: Path) -> None:
-    out = tmp_path / "rows"
-    out.mkdir()
+    out, counts = task_directories(tmp_path)
     bad = "x\t0"
     lines = [bad, bad, bad, bad, "1", bad]
-    table = pa.table(
-        {
-            "_file": pa.array([0, 0, 0, 1, 1, 1], pa.int32()),
-            "_block": pa.array([0, 0, 0, 64, 64, 64], pa.int64()),
-            "_row": pa.array([7, 8, 9, 3, 4, 5], pa.int64()),
-            "value": pa.array(lines),
-        }
-    )
-    task = ParseTask(criteo_layout(), str(out), str(tmp_path), examples=2)
+    table = input_table(lines, [0, 0, 0, 1, 1, 1], [0, 0, 0, 64, 64, 64], [7, 8, 9, 3, 4, 5])
+    task = ParseTask(criteo_layout(), str(out), str(counts), examples=2)
     (batch,) = parse_partition(task, table.to_batches(max_chunksize=4))
     first, second = batch.to_pylist()
     assert (first["file"], first["block"], first["first_row"], first["lines"]) == (0, 0, 7, 3)
@@ -182,31 +178,21 @@ def test_examples_are_limited_per_block_and_blocks_counted_apart(tmp_path: Path)
 
 
 def test_a_task_without_lines_writes_an_empty_table(tmp_path: Path) -> None:
-    out = tmp_path / "rows"
-    out.mkdir()
-    task = ParseTask(LAYOUT, str(out), str(tmp_path), examples=5)
+    out, counts = task_directories(tmp_path)
+    task = ParseTask(LAYOUT, str(out), str(counts), examples=5)
     assert list(parse_partition(task, [])) == []
     (written,) = out.iterdir()
     assert pq.read_table(written).num_rows == 0
 
 
 def test_a_failed_task_leaves_no_file(tmp_path: Path) -> None:
-    out = tmp_path / "rows"
-    out.mkdir()
-    lines = pa.table(
-        {
-            "_file": pa.array([0], pa.int32()),
-            "_block": pa.array([0], pa.int64()),
-            "_row": pa.array([0], pa.int64()),
-            "value": pa.array(["1"]),
-        }
-    )
+    out, counts = task_directories(tmp_path)
 
     def batches() -> Any:
-        yield from lines.to_batches()
+        yield from input_table(["1"], [0], [0], [0]).to_batches()
         raise OSError("the executor lost its input")
 
-    task = ParseTask(criteo_layout(), str(out), str(tmp_path / "counts"), examples=5)
+    task = ParseTask(criteo_layout(), str(out), str(counts), examples=5)
     with pytest.raises(OSError, match="lost its input"):
         list(parse_partition(task, batches()))
     assert list(out.iterdir()) == []
@@ -277,17 +263,8 @@ def test_value_counts_per_file_of_the_vocabulary_features(tmp_path: Path) -> Non
         "1::1::a::y::2::u::1",  # file 1 from here
         "1::1::a",
     ]
-    out, counts = tmp_path / "rows", tmp_path / "counts"
-    out.mkdir()
-    counts.mkdir()
-    table = pa.table(
-        {
-            "_file": pa.array([0, 0, 0, 0, 1, 1], pa.int32()),
-            "_block": pa.array([0, 0, 0, 0, 0, 0], pa.int64()),
-            "_row": pa.array(range(6), pa.int64()),
-            "value": pa.array(lines),
-        }
-    )
+    out, counts = task_directories(tmp_path)
+    table = input_table(lines, [0, 0, 0, 0, 1, 1], [0] * 6, range(6))
     list(parse_partition(ParseTask(LAYOUT, str(out), str(counts), 5), table.to_batches(2)))
     (written,) = counts.iterdir()
     found = {

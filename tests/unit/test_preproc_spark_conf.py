@@ -109,13 +109,13 @@ def test_gpu_settings_local(rapids_jar: Path, no_class_archive: Path) -> None:
 def test_gpu_settings_cluster(rapids_jar: Path, tmp_path: Path) -> None:
     script = tmp_path / "getGpusResources.sh"
     script.write_text("#!/bin/sh\n")
+    gpu = {"gpu": True, "rapids_jar": str(rapids_jar)}
     settings = SparkSettings(
         spark_master="spark://head:7077",
-        gpu=True,
-        rapids_jar=str(rapids_jar),
         gpu_discovery_script=str(script),
         gpu_pinned_memory="8g",
         spark_conf=(("spark.executor.cores", "4"),),
+        **gpu,
     )
     conf = spark_conf(settings)
     assert conf["spark.executor.resource.gpu.amount"] == "1"
@@ -124,22 +124,11 @@ def test_gpu_settings_cluster(rapids_jar: Path, tmp_path: Path) -> None:
     assert conf["spark.rapids.memory.pinnedPool.size"] == "8g"
     assert "spark.driver.extraClassPath" not in conf
     with pytest.raises(PreprocessingError, match="--gpu_discovery_script: expected an existing"):
-        spark_conf(
-            SparkSettings(
-                spark_master="yarn", gpu=True, rapids_jar=str(rapids_jar), gpu_discovery_script="x"
-            )
-        )
-    with pytest.raises(
-        PreprocessingError, match=r"spark\.executor\.cores: expected a positive int"
-    ):
-        spark_conf(
-            SparkSettings(
-                spark_master="yarn",
-                gpu=True,
-                rapids_jar=str(rapids_jar),
-                spark_conf=(("spark.executor.cores", "0"),),
-            )
-        )
+        spark_conf(SparkSettings(spark_master="yarn", gpu_discovery_script="x", **gpu))
+    no_cores = (("spark.executor.cores", "0"),)
+    message = r"spark\.executor\.cores: expected a positive int"
+    with pytest.raises(PreprocessingError, match=message):
+        spark_conf(SparkSettings(spark_master="yarn", spark_conf=no_cores, **gpu))
 
 
 def test_local_driver_maps_the_class_archive_when_there_is_one(no_class_archive: Path) -> None:

@@ -56,10 +56,8 @@ def test_reads_columns_files_and_auto(tmp_path: Path) -> None:
     layout = build_layout(spec, columns, ",")
     assert layout.fields == columns and layout.label_source == "y"
     assert [c.name for c in layout.numerical] == ["a", "b"]  # channel order
-    assert [(c.name, c.kind, c.cardinality) for c in layout.categorical] == [
-        ("c", CategoricalKind.TOKEN, None),
-        ("d", CategoricalKind.ID, 7),
-    ]
+    categorical = [("c", CategoricalKind.TOKEN, None), ("d", CategoricalKind.ID, 7)]
+    assert [(c.name, c.kind, c.cardinality) for c in layout.categorical] == categorical
     assert layout.vocabulary_columns == (0,)
 
 
@@ -135,10 +133,8 @@ def test_variable_hotness_features_are_list_columns(tmp_path: Path) -> None:
     spec, columns, _ = read_input_spec(write(tmp_path, spec_dict(feature_spec=VARIABLE)))
     assert [f.is_variable_length for f in spec.categorical_features] == [True, True]
     layout = build_layout(spec, columns, ",")
-    assert [(c.name, c.kind, c.variable_length) for c in layout.categorical] == [
-        ("c", CategoricalKind.TOKEN, True),
-        ("d", CategoricalKind.ID, True),
-    ]
+    categorical = [("c", CategoricalKind.TOKEN, True), ("d", CategoricalKind.ID, True)]
+    assert [(c.name, c.kind, c.variable_length) for c in layout.categorical] == categorical
     assert layout.variable_length == (True, True) and layout.vocabulary_columns == (0,)
     assert layout.list_delimiter == "|"  # the default beside commas
     assert build_layout(spec, columns, "|").list_delimiter == ";"
@@ -180,43 +176,34 @@ def test_layout_needs_a_list_delimiter_for_list_columns() -> None:
         )
 
     assert layout("|").variable_length == (True,)
-    with pytest.raises(
-        PreprocessingError, match=r"expected one for the variable-length .*\['tags'\]"
-    ):
+    needed = r"expected one for the variable-length .*\['tags'\]"
+    with pytest.raises(PreprocessingError, match=needed):
         layout(None)
     with pytest.raises(PreprocessingError, match="apart from the field delimiter"):
         layout("\t")
 
 
 def test_config_from_flags(tmp_path: Path) -> None:
-    path = write(tmp_path, spec_dict())
-    (tmp_path / "t.csv").write_text("")
-    (tmp_path / "e.csv").write_text("")
-    (tmp_path / "more.tsv").write_text("")
-    common = ["--feature_spec", str(path), "--output_dir", str(tmp_path / "out")]
-    args = build_parser().parse_args(
-        [*common, "--input", f"validation={tmp_path / 'more.tsv'}", "--frequency_threshold", "3"]
-    )
-    config = transcode_config(args)
+    def from_flags(spec: dict[str, Any], *flags: str, output_dir: str = "o") -> Any:
+        """The config of `flags`, with `spec` written for --feature_spec."""
+        args = ["--feature_spec", str(write(tmp_path, spec)), "--output_dir", output_dir, *flags]
+        return transcode_config(build_parser().parse_args(args))
+
+    for name in ("t.csv", "e.csv", "more.tsv"):
+        (tmp_path / name).write_text("")
+    out = str(tmp_path / "out")
+    more = f"validation={tmp_path / 'more.tsv'}"
+    config = from_flags(spec_dict(), "--input", more, "--frequency_threshold", "3", output_dir=out)
     assert config.mappings == ("train", "test", "validation")
     assert config.layout.delimiter == ","  # from the first train file
     assert config.frequency_thresholds == (3, 3)
     assert config.shuffle_train and config.numerical_transform.value == "none"
     assert config.layout.list_delimiter is None  # no list column
-    lists = write(tmp_path, spec_dict(feature_spec=VARIABLE))
-    args = build_parser().parse_args(
-        ["--feature_spec", str(lists), "--output_dir", "o", "--list_delimiter", "pipe"]
-    )
-    assert transcode_config(args).layout.list_delimiter == "|"
-    args = build_parser().parse_args(
-        ["--feature_spec", str(lists), "--output_dir", "o", "--list_delimiter", ","]
-    )
+    lists = spec_dict(feature_spec=VARIABLE)
+    assert from_flags(lists, "--list_delimiter", "pipe").layout.list_delimiter == "|"
     with pytest.raises(PreprocessingError, match="--list_delimiter: expected a separator apart"):
-        transcode_config(args)
-    missing = build_parser().parse_args([*common, "--input", "train=nowhere.csv"])
+        from_flags(lists, "--list_delimiter", ",")
     with pytest.raises(PreprocessingError, match=r"input file nowhere\.csv: expected an existing"):
-        transcode_config(missing)
-    no_train = write(tmp_path, spec_dict(source_spec={}))
-    args = build_parser().parse_args(["--feature_spec", str(no_train), "--output_dir", "o"])
+        from_flags(lists, "--input", "train=nowhere.csv", output_dir=out)
     with pytest.raises(PreprocessingError, match="--input: expected the files of the 'train'"):
-        transcode_config(args)
+        from_flags(spec_dict(source_spec={}))

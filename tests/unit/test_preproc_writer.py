@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from dataloading.files import SplitBinaryFiles
@@ -248,8 +249,6 @@ def test_values_are_looked_up_in_the_vocabulary_by_the_writer(tmp_path: Path) ->
     """A feature given as values (text; a list of them) gets the ids of its
     vocabulary directory: missing, unseen: 0; a feature without a kept value (no
     directory): all 0."""
-    import pyarrow.parquet as pq
-
     colors = tmp_path / "vocabulary" / "_feature=0"
     colors.mkdir(parents=True)
     vocabulary = {"_value": ["red", "blue"], "_count": [9, 4], "_id": pa.array([1, 2], pa.int32())}
@@ -290,8 +289,6 @@ def test_one_vocabulary_per_categorical_feature() -> None:
 def test_a_later_run_with_a_new_vocabulary_at_the_same_path_gets_its_ids(tmp_path: Path) -> None:
     """Spark reuses a Python worker across jobs: a vocabulary rewritten at the same
     path (a rerun with another threshold, same output directory) must be read anew."""
-    import pyarrow.parquet as pq
-
     colors = tmp_path / "vocabulary" / "_feature=0"
     part = PartFormat(str(tmp_path / "_parts"), 0, ("int8",), (3,), vocabularies=(str(colors),))
     table = pa.table({"bucket": pa.array([0, 0], pa.int32()), "label": [True, False]})

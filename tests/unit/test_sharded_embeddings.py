@@ -78,7 +78,6 @@ def global_ids(rng: np.random.Generator, hotness: tuple[int, ...]) -> list[Any]:
 
 
 def rows_of(ids: Any, start: int, stop: int) -> Any:
-    """Rows [start, stop) of a table's ids."""
     if isinstance(ids, RaggedIds):
         offsets = ids.offsets()
         return RaggedIds(ids.values[offsets[start] : offsets[stop]], ids.row_lengths[start:stop])
@@ -211,22 +210,19 @@ def dense_shard_gradients(layer: Embeddings, gradients: EmbeddingGradients) -> l
 
 
 def check_against_one_process(
-    results: list[dict[str, Any]],
-    hotness: tuple[int, ...],
-    world_size: int,
-    dims: tuple[int, ...] = UNIFORM_DIMS,
-    pooling: tuple[str, ...] | None = None,
-) -> None:
-    ref = reference(hotness, dims, pooling)
+    world_size: int, kind: str, hotness: tuple[int, ...], data_parallel_input: bool, **options: Any
+) -> list[dict[str, Any]]:
+    """`lookup_on_rank(..., **options)` on every rank, against one process; the ranks' results."""
+    results = run_ranks(
+        world_size, lambda c: lookup_on_rank(c, kind, hotness, data_parallel_input, **options)
+    )
+    ref = reference(hotness, options.get("dims", UNIFORM_DIMS), options.get("pooling"))
     replicated: set[int] = set()
     covered = [np.zeros(t.shape, int) for t in ref["tables"]]
     for rank, result in enumerate(results):
+        want = local_rows_of(ref["vectors"], rank, world_size)
         np.testing.assert_allclose(
-            result["vectors"],
-            local_rows_of(ref["vectors"], rank, world_size),
-            rtol=1e-5,
-            atol=1e-7,
-            err_msg=f"rank {rank}'s vectors",
+            result["vectors"], want, rtol=1e-5, atol=1e-7, err_msg=f"rank {rank}'s vectors"
         )
         for shard, gradient in result["shards"]:
             whole = (slice(*shard.rows), slice(*shard.columns))
@@ -234,16 +230,13 @@ def check_against_one_process(
                 replicated.add(shard.table)
             else:
                 covered[shard.table][whole] += 1
-            np.testing.assert_allclose(
-                gradient,
-                ref["gradients"][shard.table][whole],
-                rtol=1e-5,
-                atol=1e-6,
-                err_msg=f"rank {rank}'s gradient of {shard.name}",
-            )
+            want = ref["gradients"][shard.table][whole]
+            message = f"rank {rank}'s gradient of {shard.name}"
+            np.testing.assert_allclose(gradient, want, rtol=1e-5, atol=1e-6, err_msg=message)
     for table, count in enumerate(covered):  # each table model-parallel xor replicated
         expected = 0 if table in replicated else 1
         assert (count == expected).all(), f"table {table}: elements held {np.unique(count)} times"
+    return results
 
 
 @pytest.mark.parametrize("dims", [UNIFORM_DIMS, UNEQUAL_DIMS], ids=["uniform", "unequal"])
@@ -253,13 +246,9 @@ def check_against_one_process(
 def test_ranks_get_the_vectors_and_gradients_of_one_process(
     world_size: int, kind: str, data_parallel_input: bool, dims: tuple[int, ...]
 ) -> None:
-    results = run_ranks(
-        world_size,
-        lambda c: lookup_on_rank(
-            c, kind, HOTNESS, data_parallel_input, in_function=False, dims=dims
-        ),
+    results = check_against_one_process(
+        world_size, kind, HOTNESS, data_parallel_input, in_function=False, dims=dims
     )
-    check_against_one_process(results, HOTNESS, world_size, dims)
     if kind == "idle_rank":
         assert [r["holds_model_parallel"] for r in results] == [True] + [False] * (world_size - 1)
 
@@ -270,10 +259,7 @@ def test_one_hot_ids_in_a_tf_function(kind: str, data_parallel_input: bool) -> N
     """The loader's [B, n] form, and the collectives as graph ops: on the idle
     rank, nothing uses the received ids or lookup gradients, and pruning or
     constant-folding either collective would leave the other rank waiting."""
-    results = run_ranks(
-        2, lambda c: lookup_on_rank(c, kind, ONE_HOT, data_parallel_input, in_function=True)
-    )
-    check_against_one_process(results, ONE_HOT, 2)
+    check_against_one_process(2, kind, ONE_HOT, data_parallel_input, in_function=True)
 
 
 @pytest.mark.parametrize("world_size", [2, 3])
@@ -285,13 +271,9 @@ def test_variable_length_ids_with_mean_pooling(
     """Variable-length tables (ragged ids, empty rows) with sum and mean pooling,
     in a tf.function: their lengths and ids cross the id alltoalls, row ranges
     divide their partial sums by the whole row's count."""
-    results = run_ranks(
-        world_size,
-        lambda c: lookup_on_rank(
-            c, kind, VARIABLE, data_parallel_input, in_function=True, pooling=MEAN_POOLING
-        ),
+    check_against_one_process(
+        world_size, kind, VARIABLE, data_parallel_input, in_function=True, pooling=MEAN_POOLING
     )
-    check_against_one_process(results, VARIABLE, world_size, pooling=MEAN_POOLING)
 
 
 def test_local_lookup_pools_variable_length_rows_by_sum_and_mean() -> None:
@@ -320,13 +302,9 @@ def test_int64_ids(kind: str, data_parallel_input: bool) -> None:
     """The loader gives int64 ids when the dataset stores any as int64: they are
     exchanged (data-parallel input), offset into row ranges and looked up as
     int32 ids are."""
-    results = run_ranks(
-        2,
-        lambda c: lookup_on_rank(
-            c, kind, HOTNESS, data_parallel_input, in_function=True, id_dtype=np.int64
-        ),
+    check_against_one_process(
+        2, kind, HOTNESS, data_parallel_input, in_function=True, id_dtype=np.int64
     )
-    check_against_one_process(results, HOTNESS, 2)
 
 
 def bfloat16_rounded(values: np.ndarray) -> np.ndarray:
@@ -366,26 +344,24 @@ def test_vectors_and_gradients_cross_in_16_bits_under_amp(
     recorders = [WireRecorder(rank, 2, hub) for rank in range(2)]
     results = run_ranks(
         2,
-        lambda c: {
-            **lookup_on_rank(
-                recorders[c.rank],
-                kind,
-                ONE_HOT,
-                data_parallel_input=False,
-                in_function=True,
-                wire_dtype=tf.bfloat16,
-                output_dtype=output_dtype,
-                upstream_of=bfloat16_rounded,
-            ),
-            "sent": recorders[c.rank].sent_dtypes,
-        },
+        lambda c: lookup_on_rank(
+            recorders[c.rank],
+            kind,
+            ONE_HOT,
+            data_parallel_input=False,
+            in_function=True,
+            wire_dtype=tf.bfloat16,
+            output_dtype=output_dtype,
+            upstream_of=bfloat16_rounded,
+        ),
     )
     ref = reference(ONE_HOT)
     # The reference's gradients, for the bfloat16-rounded upstream gradient.
     rounded_upstream = bfloat16_rounded(ref["upstream"])
     for rank, result in enumerate(results):
-        assert result["sent"]["embedding_vectors"] == tf.uint16  # bfloat16's bits
-        assert result["sent"]["embedding_vector_gradients"] == tf.uint16
+        sent = recorders[rank].sent_dtypes
+        assert sent["embedding_vectors"] == tf.uint16  # bfloat16's bits
+        assert sent["embedding_vector_gradients"] == tf.uint16
         # Replicated tables' vectors are looked up here and do not cross.
         replicated = [s.table for s, _ in result["shards"] if s.kind == ShardingKind.DATA_PARALLEL]
         want_vectors = bfloat16_rounded(local_rows_of(ref["vectors"], rank, 2))
@@ -436,17 +412,6 @@ STEPS = 3
 LEARNING_RATES = {"sgd": 0.5, "adam": 0.01}
 
 
-def model_config(hotness: tuple[int, ...] = HOTNESS) -> ModelConfig:
-    return ModelConfig(
-        NUM_NUMERICAL,
-        CARDINALITIES,
-        hotness,
-        embedding_dim=DIM,
-        bottom_mlp_dims=(9, DIM),
-        top_mlp_dims=(11, 1),
-    )
-
-
 def make_trainer(
     optimizer: str,
     embeddings: ShardedEmbeddings | None,
@@ -454,7 +419,15 @@ def make_trainer(
     hotness: tuple[int, ...] = HOTNESS,
     dense_chunk_rows: int = 0,
 ) -> Trainer:
-    model = Dlrm(model_config(hotness), embeddings=embeddings, seed=SEED)
+    config = ModelConfig(
+        NUM_NUMERICAL,
+        CARDINALITIES,
+        hotness,
+        embedding_dim=DIM,
+        bottom_mlp_dims=(9, DIM),
+        top_mlp_dims=(11, 1),
+    )
+    model = Dlrm(config, embeddings=embeddings, seed=SEED)
     return Trainer(
         model,
         create_optimizer(optimizer),
@@ -482,15 +455,12 @@ def global_batches(hotness: tuple[int, ...] = HOTNESS) -> list[dict[str, Any]]:
 
 def trained_state(trainer: Trainer, losses: list[float]) -> dict[str, Any]:
     shards = trainer.model.embeddings.local_shards()
+    slots = trainer.optimizer.slots
     return {
         "losses": np.array(losses),
         "dense": [v.numpy() for v in trainer.dense_variables],
         "shards": [
-            (
-                shard,
-                variable.numpy(),
-                {k: s.numpy() for k, s in trainer.optimizer.slots(variable).items()},
-            )
+            (shard, variable.numpy(), {k: s.numpy() for k, s in slots(variable).items()})
             for shard, variable in shards
         ],
     }
@@ -501,16 +471,7 @@ def one_process(optimizer: str, hotness: tuple[int, ...] = HOTNESS) -> dict[str,
     keras.utils.set_random_seed(1)
     trainer = make_trainer(optimizer, None, None, hotness)
     initial = [v.numpy() for v in trainer.dense_variables]
-    losses = []
-    for batch in global_batches(hotness):
-        categorical = tuple(as_tensor(x) for x in batch["ids"])
-        losses.append(
-            float(
-                trainer.train_step(
-                    Batch(batch["numerical"], categorical, batch["label"], batch["weight"])
-                )
-            )
-        )
+    losses = [float(trainer.train_step(rank_batch(trainer, b))) for b in global_batches(hotness)]
     trainer.check_finite()
     return {"initial_dense": initial, **trained_state(trainer, losses)}
 
@@ -543,10 +504,13 @@ def rank_trainer(
     return trainer
 
 
-def rank_batch(trainer: Trainer, batch: dict[str, Any], rank: int, world: int) -> Batch:
-    """What the loader gives `rank` of the global `batch`."""
+def rank_batch(trainer: Trainer, batch: dict[str, Any], rank: int = 0, world: int = 1) -> Batch:
+    """What the loader gives `rank` of the global `batch`; one process gets all of it."""
     local = {k: local_rows_of(batch[k], rank, world) for k in ("numerical", "label", "weight")}
-    categorical = loader_ids(trainer.model.embeddings, batch["ids"], rank)
+    if world == 1:
+        categorical = tuple(as_tensor(x) for x in batch["ids"])
+    else:
+        categorical = loader_ids(trainer.model.embeddings, batch["ids"], rank)
     return Batch(local["numerical"], categorical, local["label"], local["weight"])
 
 
@@ -588,6 +552,7 @@ def assert_trained_as_one_process(
     results: list[dict[str, Any]], expected: dict[str, Any], optimizer: str
 ) -> None:
     atol = weight_atol(optimizer)
+    close = functools.partial(np.testing.assert_allclose, rtol=1e-5)
     tables = {shard.table: (values, slots) for shard, values, slots in expected["shards"]}
     for rank, result in enumerate(results):
         # Each rank's loss is its local rows' share of the global loss.
@@ -595,53 +560,23 @@ def assert_trained_as_one_process(
         for position, (ours, theirs) in enumerate(
             zip(result["dense"], expected["dense"], strict=True)
         ):
-            np.testing.assert_allclose(
-                ours, theirs, rtol=1e-5, atol=atol, err_msg=f"rank {rank} dense {position}"
-            )
+            close(ours, theirs, atol=atol, err_msg=f"rank {rank} dense {position}")
         for shard, values, slots in result["shards"]:
             whole = (slice(*shard.rows), slice(*shard.columns))
             table_values, table_slots = tables[shard.table]
-            np.testing.assert_allclose(
-                values,
-                table_values[whole],
-                rtol=1e-5,
-                atol=atol,
-                err_msg=f"rank {rank} {shard.name}",
-            )
+            close(values, table_values[whole], atol=atol, err_msg=f"rank {rank} {shard.name}")
             for name, slot in slots.items():
-                np.testing.assert_allclose(
-                    slot,
-                    table_slots[name][whole],
-                    rtol=1e-5,
-                    atol=1e-9,
-                    err_msg=f"rank {rank} {shard.name} slot {name}",
-                )
-    np.testing.assert_allclose(
-        sum(r["losses"] for r in results), expected["losses"], rtol=1e-5, err_msg="losses"
-    )
-
-
-@pytest.mark.parametrize(
-    ("kind", "optimizer", "data_parallel_input"),
-    [("idle_rank", "sgd", False), ("mixed", "adam", True), ("mixed", "sgd", False)],
-)
-def test_trainer_on_two_ranks_gives_the_weights_of_one_process(
-    kind: str, optimizer: str, data_parallel_input: bool
-) -> None:
-    results = run_ranks(2, lambda c: train_on_rank(c, kind, optimizer, data_parallel_input))
-    assert_trained_as_one_process(results, one_process(optimizer), optimizer)
-    # One exchange of vectors each way per step, and no vote of its own: the
-    # ranks' verdicts on finiteness travel with the gradients.
-    for result in results:
-        assert result["collectives"]["embedding_vectors"] == STEPS
-        assert result["collectives"]["embedding_vector_gradients"] == STEPS
-        assert "embedding_vectors_1" not in result["collectives"]
-        assert "non_finite" not in result["collectives"]
+                message = f"rank {rank} {shard.name} slot {name}"
+                close(slot, table_slots[name][whole], atol=1e-9, err_msg=message)
+    close(sum(r["losses"] for r in results), expected["losses"], err_msg="losses")
 
 
 @pytest.mark.parametrize(
     ("kind", "optimizer", "data_parallel_input", "hotness", "chunk_rows"),
     [
+        ("idle_rank", "sgd", False, HOTNESS, 0),  # 0: the dense part in one piece
+        ("mixed", "adam", True, HOTNESS, 0),
+        ("mixed", "sgd", False, HOTNESS, 0),
         ("mixed", "sgd", False, HOTNESS, 2),  # 6 local rows: chunks 2, 2, 2
         ("mixed", "adam", True, HOTNESS, 4),  # chunks 4, 2
         ("idle_rank", "sgd", False, HOTNESS, 4),  # a rank that holds no shard
@@ -657,17 +592,19 @@ def test_vectors_cross_per_chunk_and_train_as_one_process(
     hotness: tuple[int, ...],
     chunk_rows: int,
 ) -> None:
-    """With the dense part in chunks, each chunk's vectors and their gradients
-    cross between ranks on their own (so the next chunk's exchange overlaps
-    this chunk's compute), and the weights are still those of one process on
-    the whole batch."""
+    """Two ranks train to the weights of one process on the whole batch. With the
+    dense part in chunks, each chunk's vectors and their gradients cross between
+    ranks on their own (so the next chunk's exchange overlaps this chunk's compute)."""
     results = run_ranks(
         2,
         lambda c: train_on_rank(c, kind, optimizer, data_parallel_input, hotness, chunk_rows),
     )
     assert_trained_as_one_process(results, one_process(optimizer, hotness), optimizer)
-    chunks = -(-GLOBAL_BATCH // 2 // chunk_rows)
+    chunks = -(-GLOBAL_BATCH // 2 // chunk_rows) if chunk_rows else 1
     for result in results:
+        # One exchange of vectors each way per chunk and step, and no vote of its
+        # own: the ranks' verdicts on finiteness travel with the gradients.
+        assert "non_finite" not in result["collectives"]
         if kind == "data_parallel":
             assert not any(name.startswith("embedding_vector") for name in result["collectives"])
             continue
@@ -706,9 +643,7 @@ def test_a_request_of_one_rank_reaches_every_rank_after_the_same_step() -> None:
 
 def test_one_process_answers_its_own_requests() -> None:
     trainer = make_trainer("sgd", None, None, HOTNESS)
-    batch = global_batches()[0]
-    categorical = tuple(as_tensor(x) for x in batch["ids"])
-    inputs = Batch(batch["numerical"], categorical, batch["label"], batch["weight"])
+    inputs = rank_batch(trainer, global_batches()[0])
     for requests in ([False, True], [True, False]):
         _, agreed = trainer.train_step_agreeing(inputs, requests)
         assert agreed.numpy().tolist() == requests

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -10,9 +11,10 @@ import pytest
 import tensorflow as tf
 
 from dataloading.errors import DatasetError
+from dataloading.files import RaggedIds
 from dataloading.split_binary import InputMode, LastBatch, ShardSpec, SplitBinaryDataset
 from dataloading.synthetic import generate_split_binary
-from feature_spec import FeatureSpec
+from feature_spec import FeatureSpec, FeatureSpecError
 from feature_spec.staged import write_file_atomically
 from tests.harness.datasets import dataset_fixture
 
@@ -189,8 +191,6 @@ def test_int64_stored_ids_come_as_int64_for_every_table(tmp_path: Path, hotness:
 
 
 def copy_dataset(source: Path, target: Path) -> FeatureSpec:
-    import shutil
-
     shutil.copytree(source, target)
     return FeatureSpec.load(target)
 
@@ -205,8 +205,7 @@ def test_file_not_whole_rows(dataset_dir: Path, tmp_path: Path) -> None:
     spec = copy_dataset(dataset_dir, tmp_path / "d")
     path = spec.files("train").numerical
     assert path is not None
-    with open(path, "ab") as out:
-        out.write(b"\0" * 5)
+    write_file_atomically(path, path.read_bytes() + b"\0" * 5)
     with pytest.raises(DatasetError) as info:
         SplitBinaryDataset(spec, "train", ShardSpec(GLOBAL_BATCH))
     message = str(info.value)
@@ -221,9 +220,8 @@ def test_row_counts_differ(dataset_dir: Path, tmp_path: Path) -> None:
     with pytest.raises(DatasetError) as info:
         SplitBinaryDataset(spec, "train", ShardSpec(GLOBAL_BATCH))
     message = str(info.value)
-    assert (
-        str(path) in message and f"expected {TRAIN_ROWS} rows = {TRAIN_ROWS * 4} bytes" in message
-    )
+    assert str(path) in message
+    assert f"expected {TRAIN_ROWS} rows = {TRAIN_ROWS * 4} bytes" in message
     assert f"got {TRAIN_ROWS - 3} rows" in message
 
 
@@ -288,8 +286,6 @@ def test_batch_with_id_out_of_range_raises(
 
 
 def test_tf_dataset_error_carries_the_message(dataset_dir: Path, tmp_path: Path) -> None:
-    import tensorflow as tf
-
     from dataloading.split_binary import raise_dataset_errors
 
     spec = copy_dataset(dataset_dir, tmp_path / "d")
@@ -371,8 +367,6 @@ def test_bad_local_tables(dataset_dir: Path, tables: tuple[int, ...]) -> None:
 
 
 def test_missing_mapping(dataset_dir: Path) -> None:
-    from feature_spec import FeatureSpecError
-
     spec = FeatureSpec.load(dataset_dir)
     with pytest.raises(FeatureSpecError, match=r"source_spec\.validation: mapping missing"):
         SplitBinaryDataset(spec, "validation", ShardSpec(GLOBAL_BATCH))
@@ -403,10 +397,6 @@ def variable_rows(spec: FeatureSpec, name: str) -> list[np.ndarray]:
     values = np.fromfile(files.categorical[name], dtype=feature.dtype)
     offsets = np.fromfile(files.offsets[name], dtype=np.int64)
     return [values[a:b] for a, b in itertools.pairwise(offsets)]
-
-
-def ragged_rows(tensor: tf.RaggedTensor) -> list[list[int]]:
-    return [list(row) for row in tensor.to_list()]
 
 
 @pytest.mark.parametrize("input_mode", list(InputMode))
@@ -440,12 +430,10 @@ def test_variable_length_tables_come_as_ragged_tensors(
                 assert isinstance(ids, tf.RaggedTensor) and ids.dtype == tf.int32
                 want = [list(r) for r in rows[f"cat_{table}"][start : start + cat_rows]]
                 want += [[]] * (cat_rows - len(want))  # padding rows past the end
-                assert ragged_rows(ids) == want
+                assert [list(row) for row in ids.to_list()] == want
 
 
 def test_variable_length_read_batch_gives_ragged_ids(variable_dir: Path) -> None:
-    from dataloading.files import RaggedIds
-
     spec = FeatureSpec.load(variable_dir)
     batch = SplitBinaryDataset(spec, "train", ShardSpec(30)).read_batch(2)
     ids = batch.categorical[0]
@@ -461,15 +449,13 @@ def test_variable_length_offsets_must_match_the_ids(variable_dir: Path, tmp_path
     offsets = np.fromfile(offsets_path, dtype=np.int64)
     # One more id than the offsets account for.
     ids_path = spec.files("train").categorical["cat_2"]
-    with open(ids_path, "ab") as out:
-        out.write(np.int16(5).tobytes())
+    write_file_atomically(ids_path, ids_path.read_bytes() + np.int16(5).tobytes())
     with pytest.raises(DatasetError) as info:
         SplitBinaryDataset(spec, "train", ShardSpec(GLOBAL_BATCH))
     message = str(info.value)
     assert str(offsets_path) in message
-    assert f"expected offsets from 0 to the number of ids in {ids_path} ({offsets[-1] + 1})" in (
-        message
-    )
+    expected = f"expected offsets from 0 to the number of ids in {ids_path} ({offsets[-1] + 1})"
+    assert expected in message
     # The last row missing: a row count that differs from the label's.
     write_file_atomically(ids_path, ids_path.read_bytes()[: 2 * int(offsets[-2])])
     write_file_atomically(offsets_path, offsets[:-1].tobytes())
@@ -499,11 +485,7 @@ def test_variable_length_decreasing_offsets_and_bad_ids_name_the_row(
     broken = offsets.copy()
     broken[row + 1] = broken[row] - 1
     write_file_atomically(files.offsets["cat_0"], broken.tobytes())
-    for check_file_ids in (False, True):
-        with pytest.raises(DatasetError) as info:
-            list(
-                SplitBinaryDataset(
-                    spec, "train", ShardSpec(20), check_file_ids=check_file_ids
-                ).batches()
-            )
-        assert f"offsets of row {row} decrease" in str(info.value)
+    for scan_files in (False, True):
+        with pytest.raises(DatasetError, match=f"offsets of row {row} decrease"):
+            dataset = SplitBinaryDataset(spec, "train", ShardSpec(20), check_file_ids=scan_files)
+            list(dataset.batches())

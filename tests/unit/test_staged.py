@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
+from unittest import mock
 
 import pytest
 
@@ -45,11 +46,7 @@ def test_failed_file_write_keeps_the_old_file(
 ) -> None:
     path = tmp_path / "plan.json"
     path.write_text("old")
-
-    def failing_fsync(fd: int) -> None:
-        raise OSError(28, "No space left on device")
-
-    monkeypatch.setattr(os, "fsync", failing_fsync)
+    monkeypatch.setattr(os, "fsync", mock.Mock(side_effect=OSError(28, "No space left on device")))
     with pytest.raises(OSError, match="No space left"):
         write_file_atomically(path, "new")
     assert path.read_text() == "old"

@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from dataloading import commands
 from dataloading.criteo_tsv import (
     MALFORMED_KINDS,
     _hex8,
@@ -18,7 +19,7 @@ from dataloading.criteo_tsv import (
 from dataloading.files import RaggedIds, SplitBinaryFiles
 from dataloading.synthetic import build_teacher, generate_split_binary, main
 from dataloading.teacher import FeatureSampler, Teacher, power_law_ids
-from feature_spec import FeatureSpec
+from feature_spec import FeatureSpec, FeatureSpecError
 from tests.unit.reference_metrics import reference_auc
 
 CARDINALITIES = (23, 7, 300, 40000, 2)
@@ -26,33 +27,24 @@ HEX8 = re.compile(r"^[0-9a-f]{8}$")
 
 
 def test_split_binary_sizes_dtypes_ranges(tmp_path: Path) -> None:
+    path = tmp_path / "d"
+    rows = {"train": 5000, "test": 777}
     spec = generate_split_binary(
-        tmp_path / "d",
-        CARDINALITIES,
-        4,
-        rows={"train": 5000, "test": 777},
-        hotness=(1, 1, 3, 1, 1),
-        seed=1,
-        chunk_rows=1000,
+        path, CARDINALITIES, 4, rows=rows, hotness=(1, 1, 3, 1, 1), seed=1, chunk_rows=1000
     )
-    assert [f.dtype for f in spec.categorical_features] == [
-        "int8",
-        "int8",
-        "int16",
-        "int32",
-        "int8",
-    ]
-    for mapping, rows in (("train", 5000), ("test", 777)):
+    dtypes = [f.dtype for f in spec.categorical_features]
+    assert dtypes == ["int8", "int8", "int16", "int32", "int8"]
+    for mapping, count in rows.items():
         files = SplitBinaryFiles.open(spec, mapping)
-        assert files.rows == rows
-        assert files.label.path.stat().st_size == rows
+        assert files.rows == count
+        assert files.label.path.stat().st_size == count
         assert files.numerical is not None
-        assert files.numerical.path.stat().st_size == rows * 4 * 2
-        assert files.categorical["cat_2"].path.stat().st_size == rows * 3 * 2
+        assert files.numerical.path.stat().st_size == count * 4 * 2
+        assert files.categorical["cat_2"].path.stat().st_size == count * 3 * 2
         files.check_ids(spec)  # raises when an id is out of range
         numerical = files.numerical.memmap()
         assert np.isfinite(numerical).all() and (numerical >= 0).all()
-    assert FeatureSpec.load(tmp_path / "d", required_mappings=("train", "test")) == spec
+    assert FeatureSpec.load(path, required_mappings=("train", "test")) == spec
 
 
 def test_ids_follow_a_power_law(tmp_path: Path) -> None:
@@ -100,8 +92,6 @@ def test_same_seed_same_bytes_and_no_overwrite(tmp_path: Path) -> None:
 
 
 def test_bad_cardinality_writes_nothing(tmp_path: Path) -> None:
-    from feature_spec import FeatureSpecError
-
     with pytest.raises(FeatureSpecError, match="cardinality: expected a positive int, got 0"):
         generate_split_binary(tmp_path / "d", (5, 0, 7), 2, rows={"train": 10})
     assert list(tmp_path.iterdir()) == []
@@ -110,8 +100,6 @@ def test_bad_cardinality_writes_nothing(tmp_path: Path) -> None:
 def test_hotness_of_other_tables_is_refused_and_writes_nothing(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from feature_spec import FeatureSpecError
-
     with pytest.raises(
         FeatureSpecError, match=r"hotness: expected one value per table \(3\), got 2"
     ):
@@ -129,11 +117,8 @@ def test_hotness_of_other_tables_is_refused_and_writes_nothing(
 
 def test_cli_writes_dataset(tmp_path: Path) -> None:
     out = tmp_path / "cli"
-    code = main(
-        ["--output_dir", str(out), "--train_rows", "300", "--test_rows", "50",
-         "--cardinalities", "5,9,1000", "--num_numerical", "2"]
-    )  # fmt: skip
-    assert code == 0
+    assert main(["--output_dir", str(out), "--train_rows", "300", "--test_rows", "50",
+                 "--cardinalities", "5,9,1000", "--num_numerical", "2"]) == 0  # fmt: skip
     spec = FeatureSpec.load(out)
     assert spec.cardinalities == (5, 9, 1000)
     assert SplitBinaryFiles.open(spec, "test").rows == 50
@@ -162,8 +147,7 @@ def test_criteo_tsv_format(tmp_path: Path, use_gzip: bool) -> None:
     suffix = ".gz" if use_gzip else ""
     assert [p.name for p in report.files] == [f"day_{d}{suffix}" for d in range(3)]
     malformed = dict.fromkeys(MALFORMED_KINDS, 0)
-    short = good = positives = 0
-    missing_int = negative = 0
+    short = good = positives = missing_int = negative = 0
     for path in report.files:
         rows = parse_rows(path)
         assert len(rows) == 2000
@@ -270,11 +254,7 @@ def test_variable_length_labels_follow_the_teacher(
     spec = generate_variable(tmp_path / "d", {"train": 4000})
     files = SplitBinaryFiles.open(spec, "train")
     sampler = FeatureSampler(
-        2,
-        VARIABLE_CARDINALITIES,
-        VARIABLE_HOTNESS,
-        1.1,
-        max_variable_hotness=MAX_VARIABLE_HOTNESS,
+        2, VARIABLE_CARDINALITIES, VARIABLE_HOTNESS, 1.1, max_variable_hotness=MAX_VARIABLE_HOTNESS
     )
     teacher = build_teacher(sampler, seed=4, positive_rate=0.25)
     assert teacher.bias == pytest.approx(spec.metadata["teacher_bias"])
@@ -324,12 +304,9 @@ def test_variable_length_same_seed_same_bytes(tmp_path: Path) -> None:
 
 def test_cli_variable_hotness(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "cli"
-    code = main(
-        ["--output_dir", str(out), "--train_rows", "300", "--test_rows", "50",
-         "--cardinalities", "23,7,11", "--hotness", "1,0,3", "--num_numerical", "2",
-         "--max_variable_hotness", "2"]
-    )  # fmt: skip
-    assert code == 0
+    assert main(["--output_dir", str(out), "--train_rows", "300", "--test_rows", "50",
+                 "--cardinalities", "23,7,11", "--hotness", "1,0,3", "--num_numerical", "2",
+                 "--max_variable_hotness", "2"]) == 0  # fmt: skip
     spec = FeatureSpec.load(out)
     assert spec.hotness == (1, 0, 3)
     files = SplitBinaryFiles.open(spec, "train")
@@ -351,8 +328,6 @@ def test_cli_variable_hotness(tmp_path: Path, capsys: pytest.CaptureFixture[str]
 def test_dlrm_synthetic_refuses_a_non_empty_directory_in_one_line(
     tmp_path: Path, command: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from dataloading import commands
-
     (tmp_path / "keep.txt").write_text("user data")
     with pytest.raises(SystemExit) as exit_info:
         commands.main([command, f"--output_dir={tmp_path}"])
@@ -364,8 +339,6 @@ def test_dlrm_synthetic_refuses_a_non_empty_directory_in_one_line(
 
 
 def test_dlrm_synthetic_names_its_commands(capsys: pytest.CaptureFixture[str]) -> None:
-    from dataloading import commands
-
     assert commands.main(["--help"]) == 0
     assert "dataset" in capsys.readouterr().out
     assert commands.main(["clicks"]) == 2

@@ -7,7 +7,6 @@ an error naming the table and both sizes."""
 
 from __future__ import annotations
 
-import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -143,16 +142,13 @@ def test_growth_on_two_ranks_where_a_table_changes_sharding_kind(
 ) -> None:
     checkpoint = Checkpoint(day1_checkpoint)
 
-    def rank(collectives: SimulatedCollectives) -> dict[str, Any]:
+    def rank(collectives: SimulatedCollectives) -> Any:
         s = assembled(days["day2"], collectives)
         fresh = assembled(days["day2"], collectives)
         restored(s, day1_checkpoint)
         assert_grown(s, fresh, checkpoint, f"rank {collectives.rank}")
         assert s.plan is not None
-        return {
-            "kind": s.plan.tables[3].kind,
-            "shards": len(list(s.model.embeddings.local_shards())),
-        }
+        return s.plan.tables[3].kind
 
     def plan_on_day1(collectives: SimulatedCollectives) -> Any:
         s = assembled(days["day1"], collectives)
@@ -162,7 +158,7 @@ def test_growth_on_two_ranks_where_a_table_changes_sharding_kind(
     before = run_ranks(2, plan_on_day1)[0]
     after = run_ranks(2, rank)
     assert before == ShardingKind.DATA_PARALLEL
-    assert after[0]["kind"] != ShardingKind.DATA_PARALLEL
+    assert after[0] != ShardingKind.DATA_PARALLEL
 
 
 def test_warm_start_trains_the_new_day_from_step_zero(
@@ -215,11 +211,9 @@ def test_growth_needs_a_vocabulary_that_extends_the_checkpoints(
     days: dict[str, Path], day1_checkpoint: Path, name: str, why: str
 ) -> None:
     s = assembled(days[name])
-    with pytest.raises(
-        CheckpointError, match=r"table 0 has 23 rows, this run's dataset 31"
-    ) as info:
+    with pytest.raises(CheckpointError, match=why) as info:
         open_checkpoint(s, str(day1_checkpoint))
-    assert re.search(why, str(info.value))
+    assert "table 0 has 23 rows, this run's dataset 31" in str(info.value)
 
 
 def test_warm_start_flags_are_checked(days: dict[str, Path], tmp_path: Path) -> None:

@@ -20,6 +20,7 @@ from dlrm.checkpoint.model_state import check_model_matches
 from dlrm.checkpoint.reader import Checkpoint
 from dlrm.train.state import restore_training_state, save_training_state
 from dlrm.train.trainer import REQUESTS, NonFiniteLossError
+from feature_spec import FeatureSpec
 from tests.harness.assembly import SMALL_MODEL, assembled_run
 from tests.harness.datasets import SMALL_TABLES, dataset_fixture, synthetic_dataset
 from tests.unit.non_finite import NAN, DenseForward, nan_in_one_logit, nan_in_one_vector_gradient
@@ -33,8 +34,6 @@ dataset = dataset_fixture(SMALL_TABLES, 3, {"train": 20 * BATCH, "test": 500}, s
 
 
 def batches(dataset: Path, count: int) -> list[Batch]:
-    from feature_spec import FeatureSpec
-
     spec = FeatureSpec.load(dataset / "feature_spec.yaml")
     data = SplitBinaryDataset(spec, "train", ShardSpec(BATCH))
     return list(data.to_tf_dataset().take(count))
@@ -58,9 +57,7 @@ def test_loss_decreases(dataset: Path, optimizer: str) -> None:
     s = assembled_run(dataset, optimizer=optimizer, learning_rate=lr)
     assert s.trainer is not None
     data = batches(dataset, 8)
-    epoch_losses = []
-    for _ in range(6):
-        epoch_losses.append(np.mean([float(s.trainer.train_step(b)) for b in data]))
+    epoch_losses = [np.mean([float(s.trainer.train_step(b)) for b in data]) for _ in range(6)]
     assert epoch_losses[-1] < 0.95 * epoch_losses[0], epoch_losses
 
 
@@ -82,11 +79,9 @@ def test_kernels_train_as_tensorflow_ops_do(
     The cross model (tables of different widths) has no interaction kernel and
     uses the others; so does `--xla`, whose compiled dense part runs
     TensorFlow's interaction."""
-    model = {**(CROSS if interaction == "cross" else {}), "xla": xla}
-    ours = assembled_run(dataset, optimizer=optimizer, learning_rate=0.2, **model)
-    reference = assembled_run(
-        dataset, optimizer=optimizer, learning_rate=0.2, use_kernels=False, **model
-    )
+    model = {**(CROSS if interaction == "cross" else {}), "xla": xla, "optimizer": optimizer}
+    ours = assembled_run(dataset, learning_rate=0.2, **model)
+    reference = assembled_run(dataset, learning_rate=0.2, use_kernels=False, **model)
     assert ours.trainer is not None and reference.trainer is not None
     assert ours.model.use_kernels and not reference.model.use_kernels
     if interaction == "dot":
@@ -443,10 +438,8 @@ def test_int64_ids_train_as_int32_ids_do(
     weights of the int32 run."""
     rows = {"train": 20 * BATCH, "test": 500}
     wide = synthetic_dataset(tmp_path_factory, SMALL_TABLES, 3, rows, 4, id_dtype="int64")
-    narrow_run, wide_run = (
-        assembled_run(dataset, optimizer=optimizer),
-        assembled_run(wide, optimizer=optimizer),
-    )
+    narrow_run = assembled_run(dataset, optimizer=optimizer)
+    wide_run = assembled_run(wide, optimizer=optimizer)
     assert narrow_run.trainer is not None and wide_run.trainer is not None
     for narrow_batch, wide_batch in zip(batches(dataset, 4), batches(wide, 4), strict=True):
         assert wide_batch.categorical.dtype == tf.int64

@@ -15,49 +15,28 @@ from typing import Any
 import pytest
 from absl import flags
 
-from dataloading.synthetic import generate_split_binary
-from dlrm.app.assembly import AssembledRun, assemble_run
+from dlrm.app.assembly import AssembledRun
 from dlrm.app.config import RunConfig
 from dlrm.app.dispatch import run_mode
 from dlrm.app.flags import config_from_flags
 from dlrm.app.modes.training import NothingToTrainError, train
-from dlrm.app.reporting import MetricsLog
 from dlrm.app.restore import restore_for_training
 from dlrm.checkpoint.format import CheckpointError, list_checkpoints
 from dlrm.checkpoint.reader import Checkpoint
+from tests.harness.assembly import SMALL_MODEL, assembled_run
 from tests.harness.checkpoints import assert_identical
+from tests.harness.datasets import SMALL_TABLES, dataset_fixture
 
-CARDINALITIES = (23, 7, 11, 130, 5)
-BATCH = 64
+BATCH = SMALL_MODEL["batch_size"]
 STEPS = 10
 
-
-@pytest.fixture(scope="module")
-def dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("data") / "synthetic"
-    generate_split_binary(path, CARDINALITIES, 3, rows={"train": 8 * BATCH, "test": 200}, seed=4)
-    return path
+dataset = dataset_fixture(SMALL_TABLES, 3, {"train": 8 * BATCH, "test": 200}, seed=4)
 
 
 def session(dataset: Path, **overrides: object) -> AssembledRun:
-    values: dict = {
-        "dataset_path": str(dataset),
-        "batch_size": BATCH,
-        "optimizer": "adagrad",
-        "learning_rate": 0.05,
-        "warmup_steps": 0,
-        "decay_start_step": 0,
-        "embedding_dim": 6,
-        "bottom_mlp_dims": (9, 6),
-        "top_mlp_dims": (11, 1),
-        "seed": 1,
-        "epochs": 2,  # 8 steps an epoch: the run crosses an epoch
-        "max_steps": STEPS,
-        "evals_per_epoch": 0,
-        "keep_checkpoints": 20,
-    }
-    values.update(overrides)
-    return assemble_run(RunConfig(**values), MetricsLog(None, None, console=io.StringIO()))
+    """`SMALL_MODEL` for 2 epochs of 8 steps (the run crosses an epoch), cut at `STEPS`."""
+    loop = {"epochs": 2, "max_steps": STEPS, "evals_per_epoch": 0, "keep_checkpoints": 20}
+    return assembled_run(dataset, **{**loop, **overrides})
 
 
 def steps_saved(root: Path) -> list[int]:
@@ -80,33 +59,23 @@ def signal_before_step(s: AssembledRun, step: int, sig: signal.Signals) -> None:
     s.trainer.train_step_agreeing = wrapped  # type: ignore[method-assign]
 
 
-def test_checkpoints_every_n_steps_and_at_the_end(dataset: Path, tmp_path: Path) -> None:
-    summary = train(session(dataset, save_checkpoint_path=str(tmp_path), checkpoint_every_steps=3))
-    assert steps_saved(tmp_path) == [3, 6, 9, 10]
-    assert summary["steps"] == STEPS and "preempted" not in summary
-
-
-def test_keep_bounds_the_periodic_checkpoints(dataset: Path, tmp_path: Path) -> None:
-    train(
-        session(
-            dataset,
-            save_checkpoint_path=str(tmp_path),
-            checkpoint_every_steps=2,
-            keep_checkpoints=2,
-        )
-    )
-    assert steps_saved(tmp_path) == [8, 10]
-
-
-def test_checkpoints_when_the_interval_has_passed(dataset: Path, tmp_path: Path) -> None:
-    """An interval shorter than a step: a checkpoint after every step, all ranks
-    told through the step (rank 0's clock)."""
-    train(
-        session(
-            dataset, save_checkpoint_path=str(tmp_path), checkpoint_every_seconds=1e-6, max_steps=3
-        )
-    )
-    assert steps_saved(tmp_path) == [1, 2, 3]
+@pytest.mark.parametrize(
+    ("overrides", "saved"),
+    [
+        ({"checkpoint_every_steps": 3}, [3, 6, 9, 10]),
+        ({"checkpoint_every_steps": 2, "keep_checkpoints": 2}, [8, 10]),
+        # An interval shorter than a step: a checkpoint after every step, all ranks
+        # told through the step (rank 0's clock).
+        ({"checkpoint_every_seconds": 1e-6, "max_steps": 3}, [1, 2, 3]),
+    ],
+    ids=["every_n_steps_and_at_the_end", "keep_bounds_them", "when_the_interval_has_passed"],
+)
+def test_periodic_checkpoints(
+    dataset: Path, tmp_path: Path, overrides: dict[str, Any], saved: list[int]
+) -> None:
+    summary = train(session(dataset, save_checkpoint_path=str(tmp_path), **overrides))
+    assert steps_saved(tmp_path) == saved
+    assert summary["steps"] == saved[-1] and "preempted" not in summary
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGUSR1])
@@ -221,13 +190,9 @@ def test_eval_and_inference_take_the_architecture_from_the_checkpoint(
 ) -> None:
     trained = train(session(dataset, save_checkpoint_path=str(tmp_path)))
     given = [f"--mode={mode}", f"--dataset_path={dataset}", f"--restore_checkpoint_path={tmp_path}"]
-    config = config_of(*given, "--batch_size=64", "--max_steps=2", "--benchmark_warmup_steps=0")
-    assert (config.embedding_dim, config.bottom_mlp_dims, config.top_mlp_dims) == (
-        (6,),
-        (9, 6),
-        (11, 1),
-    )
-    summary = run_mode(config, io.StringIO())
+    c = config_of(*given, "--batch_size=64", "--max_steps=2", "--benchmark_warmup_steps=0")
+    assert (c.embedding_dim, c.bottom_mlp_dims, c.top_mlp_dims) == ((6,), (9, 6), (11, 1))
+    summary = run_mode(c, io.StringIO())
     if mode == "eval":
         assert summary["auc"] == trained["auc"]
     else:
