@@ -8,7 +8,7 @@ TEST_WORKERS ?= 2
 PYTEST := $(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 DEMO_ARGS ?=
 
-.PHONY: install test test-unit test-integration lint demo demo-incremental bench clean
+.PHONY: install test test-unit test-integration lint demo demo-incremental bench gpu-check clean
 
 install:
 	@bash packaging/install.sh
@@ -47,6 +47,15 @@ demo-incremental: install
 BENCH_ARGS ?=
 bench: install
 	@$(PY) benchmarks/suite.py $(BENCH_ARGS)
+
+# Proves the GPU paths on this machine: the default model fp32, --amp, --xla and
+# --amp --xla (samples/s, peak memory, a falling finite loss), the GPU's weights
+# against the CPU's, DLRM-DCNv2's AUC, an export scored on the CPU, the plain loop
+# beside ours. Without a GPU, the CPU path's checks, said so. Table and
+# benchmarks/gpu_check.json (GPU_CHECK_ARGS=--small: CI's size, about 2 minutes).
+GPU_CHECK_ARGS ?=
+gpu-check: install
+	@$(PY) benchmarks/gpu_check.py $(GPU_CHECK_ARGS)
 
 clean:
 	rm -rf $(VENV) .cache .pytest_cache .mypy_cache .ruff_cache

@@ -6,6 +6,7 @@ from __future__ import annotations
 import datetime
 import json
 import math
+import resource
 import sys
 import time
 from pathlib import Path
@@ -95,3 +96,16 @@ class Throughput:
         samples_per_second = steps * self.batch_size / elapsed
         per_step = elapsed / steps if steps else float("nan")
         return samples_per_second, per_step * (self.total_steps - step)
+
+
+def peak_memory() -> dict[str, Any]:
+    """This process's peak memory so far, and of what: the TensorFlow allocator's
+    peak on the first visible GPU (`peak_memory_of` "gpu"; a rank sees its own
+    GPU only, `dlrm.distributed.devices.pin_gpu`) when TensorFlow uses one,
+    else the process's peak RSS ("process_rss", which counts the host memory
+    of everything, the embedding tables included)."""
+    if tf.config.get_visible_devices("GPU"):
+        peak = tf.config.experimental.get_memory_info("GPU:0")["peak"]
+        return {"peak_memory_bytes": int(peak), "peak_memory_of": "gpu"}
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
+    return {"peak_memory_bytes": int(rss), "peak_memory_of": "process_rss"}

@@ -24,7 +24,7 @@ from dlrm.app.assembly import AssembledRun
 from dlrm.app.config import ConfigError
 from dlrm.app.modes.evaluation import eval_record, evaluate
 from dlrm.app.policies import CheckpointPolicy, EvaluationPolicy, Horizon, ProgressReport
-from dlrm.app.reporting import Throughput
+from dlrm.app.reporting import Throughput, peak_memory
 from dlrm.app.restore import TrainingStart, restore_for_training
 from dlrm.checkpoint.model_state import VOCABULARY_FIELD
 from dlrm.distributed.preemption import StopSignals, parse_signal
@@ -318,6 +318,7 @@ class TrainingLoop:
             **(eval_record(self.last_result) if self.last_result is not None else {}),
             "checkpoint": str(self.checkpoint_path) if self.checkpoint_path else None,
             "world_size": self.assembled.collectives.world_size,
+            **peak_memory(),  # rank 0's
         }
         if preempted:
             summary["preempted"] = True
