@@ -19,15 +19,21 @@ from dataloading.split_binary import (
 from dlrm import kernels
 from dlrm.app.config import ConfigError, RunConfig
 from dlrm.app.reporting import MetricsLog
-from dlrm.app.sharding import shard_over_ranks, sharded_embeddings
+from dlrm.app.sharding import ResolvedSettings, shard_over_ranks, sharded_embeddings
 from dlrm.distributed.collectives import Collectives
-from dlrm.distributed.devices import has_gpu
+from dlrm.distributed.devices import GPU_PATH_ON_CPU_ENV, gpu_code_path, has_gpu
 from dlrm.embedding.planner.plan import ShardingPlan
 from dlrm.evaluation.predictor import Predictor
 from dlrm.model.config import ModelConfig
 from dlrm.model.dlrm import Dlrm
 from dlrm.optim.optimizers import create_optimizer
-from dlrm.train.precision import Precision, bfloat16_note, choose_precision, matmul_gflops
+from dlrm.train.precision import (
+    Precision,
+    bfloat16_note,
+    choose_precision,
+    initial_loss_scale,
+    matmul_gflops,
+)
 from dlrm.train.schedule import DlrmSchedule
 from dlrm.train.trainer import Trainer
 from feature_spec import FeatureSpec, FeatureSpecError
@@ -54,15 +60,18 @@ def model_config_for(spec: FeatureSpec, config: RunConfig) -> ModelConfig:
         raise ConfigError(str(error)) from error
 
 
-def kernels_apply(config: RunConfig, model_config: ModelConfig, log: MetricsLog) -> bool:
+def kernels_apply(
+    config: RunConfig, model_config: ModelConfig, on_gpu: bool, log: MetricsLog
+) -> bool:
     """Whether the model runs on the project's CPU kernels (`dlrm.kernels`): asked
-    for (`--use_kernels`), on CPUs, and built. When only the last fails, says so:
-    it costs speed. Each part of the model uses the kernels it has: the dot
-    interaction its own (not under `--xla`, which compiles the dense part from
-    TensorFlow's ops), the cross interaction none, while the lookups, the finite
-    check and the embedding update of every optimizer, which run outside the
-    compiled function, use theirs with either interaction and with `--xla` too."""
-    if not config.use_kernels or has_gpu():
+    for (`--use_kernels`), off the GPU code path (`on_gpu`), and built. When only
+    the last fails, says so: it costs speed. Each part of the model uses the
+    kernels it has: the dot interaction its own (not under `--xla`, which
+    compiles the dense part from TensorFlow's ops), the cross interaction none,
+    while the lookups, the finite check and the embedding update of every
+    optimizer, which run outside the compiled function, use theirs with either
+    interaction and with `--xla` too."""
+    if not config.use_kernels or on_gpu:
         return False
     if kernels.load() is None:
         log.print(
@@ -91,6 +100,8 @@ class AssembledRun:
     hosts: list[str] = dataclasses.field(default_factory=list)  # each rank's hostname
     # The vocabulary the dataset's ids come from, when it records one.
     vocabulary: VocabularyLineage | None = None
+    # What this rank resolved for its device (the same on every rank).
+    resolved: ResolvedSettings | None = None
 
     def shard(self, global_batch_size: int) -> ShardSpec:
         """What this rank reads of each global batch."""
@@ -112,15 +123,13 @@ def assemble_run(
     spec, vocabulary = dataset_of(config)
     model_config = model_config_for(spec, config)
     keras.utils.set_random_seed(config.seed)
-    on_gpu = has_gpu()
-    precision = precision_for(config, on_gpu, log)
-    dense_chunk_rows = config.dense_chunk_rows_for(on_gpu, collectives.world_size)
-    use_kernels = kernels_apply(config, model_config, log)
-    shards = shard_over_ranks(config, model_config, spec, collectives, log)
+    resolved = resolve_settings(config, model_config, collectives.world_size, log)
+    precision = resolved.precision
+    shards = shard_over_ranks(config, model_config, spec, collectives, log, resolved)
     embeddings = None
     if shards.plan is not None:
         embeddings = sharded_embeddings(
-            shards.plan, config, model_config, precision, collectives, use_kernels
+            shards.plan, config, model_config, precision, collectives, resolved.use_kernels
         )
     model = Dlrm(
         model_config,
@@ -128,8 +137,8 @@ def assemble_run(
         dtype_policy=precision.dtype_policy,
         seed=config.seed,
         use_xla=config.xla,
-        use_kernels=use_kernels,
-        on_gpu=on_gpu,
+        use_kernels=resolved.use_kernels,
+        on_gpu=resolved.on_gpu,
     )
     trainer = None
     if config.mode == "train":
@@ -141,14 +150,15 @@ def assemble_run(
             global_batch_size=config.batch_size,
             use_xla=config.xla,
             collectives=collectives,
-            dense_chunk_rows=dense_chunk_rows,
+            dense_chunk_rows=resolved.dense_chunk_rows,
+            initial_loss_scale=resolved.initial_loss_scale,
         )
-    predictor = Predictor(model, use_xla=config.xla, dense_chunk_rows=dense_chunk_rows)
+    predictor = Predictor(model, use_xla=config.xla, dense_chunk_rows=resolved.dense_chunk_rows)
     # Every rank starts from rank 0's dense weights (tables are initialised as slices).
     collectives.broadcast_variables(model.dense_variables)
     return AssembledRun(
         config, spec, model_config, precision, model, predictor, trainer, log, collectives,
-        shards.plan, shards.hosts, vocabulary,
+        shards.plan, shards.hosts, vocabulary, resolved,
     )  # fmt: skip
 
 
@@ -160,6 +170,40 @@ def dataset_of(config: RunConfig) -> tuple[FeatureSpec, VocabularyLineage | None
         return spec, VocabularyLineage.from_metadata(spec.metadata)
     except FeatureSpecError as error:
         raise DatasetError(f"{config.feature_spec_path}: {error}") from error
+
+
+def resolve_settings(
+    config: RunConfig, model_config: ModelConfig, world_size: int, log: MetricsLog
+) -> ResolvedSettings:
+    """What the flags mean on this rank's device: the GPU code path (`gpu_code_path`:
+    a GPU, or `DLRM_GPU_PATH_ON_CPU=1` on a CPU) or the CPU one decides the
+    precision, the dense chunks and the kernels."""
+    on_gpu = gpu_code_path()
+    emulated = on_gpu and not has_gpu()
+    if emulated:
+        log.print(
+            f"{GPU_PATH_ON_CPU_ENV}=1: the GPU code path runs on this CPU (float16 under "
+            "--amp, whole batches, no CPU kernels): for tests, slow"
+        )
+    precision = precision_for(config, on_gpu, log)
+    return ResolvedSettings(
+        on_gpu=on_gpu,
+        emulated=emulated,
+        precision=precision,
+        initial_loss_scale=loss_scale_for(precision),
+        dense_chunk_rows=config.dense_chunk_rows_for(on_gpu, world_size),
+        use_kernels=kernels_apply(config, model_config, on_gpu, log),
+    )
+
+
+def loss_scale_for(precision: Precision) -> float | None:
+    """Where float16's loss scale starts (None: no loss scaling)."""
+    if not precision.use_loss_scale:
+        return None
+    try:
+        return initial_loss_scale()
+    except ValueError as error:
+        raise ConfigError(str(error)) from error
 
 
 def precision_for(config: RunConfig, on_gpu: bool, log: MetricsLog) -> Precision:

@@ -95,17 +95,60 @@ def plan_for(
         ) from error
 
 
+@dataclasses.dataclass(frozen=True)
+class ResolvedSettings:
+    """What a rank made of the flags on its device. Ranks that resolve differently
+    (one sees no GPU) exchange vectors of different dtypes, or run different
+    numbers of collectives: a Horovod error or a hang, so every rank compares them
+    (`agreement_facts`) before building anything."""
+
+    on_gpu: bool  # the GPU code path (`dlrm.distributed.devices.gpu_code_path`)
+    emulated: bool  # ... run on a CPU (DLRM_GPU_PATH_ON_CPU=1)
+    precision: Precision
+    initial_loss_scale: float | None  # None: no loss scaling
+    dense_chunk_rows: int  # 0: the whole batch
+    use_kernels: bool
+
+    def to_dict(self) -> dict[str, Any]:
+        """As facts compared between ranks, the code path first (keys sort)."""
+        code_path = "gpu" if self.on_gpu else "cpu"
+        if self.emulated:
+            code_path = "gpu, emulated on a CPU (DLRM_GPU_PATH_ON_CPU=1)"
+        return {
+            "code_path": code_path,
+            "dtype_policy": self.precision.dtype_policy,
+            "use_loss_scale": self.precision.use_loss_scale,
+            "initial_loss_scale": self.initial_loss_scale,
+            "dense_chunk_rows": self.dense_chunk_rows,
+            "use_kernels": self.use_kernels,
+            "wire_dtype": self.precision.compute_dtype.name,
+        }
+
+
+# What a rank that resolved differently (`ResolvedSettings`) is told.
+RESOLVED_HINT = (
+    "Every rank must run the same code path: a GPU on every rank or on none, the "
+    "CPU kernels built on every host, and DLRM_GPU_PATH_ON_CPU and "
+    "DLRM_INITIAL_LOSS_SCALE set alike"
+)
+
+
 # Flags that may differ between ranks: paths of inputs each node may mount
 # elsewhere (their contents are compared instead) and of rank 0's logs.
 _PER_RANK_FLAGS = ("dataset_path", "feature_spec", "sharding_plan", "log_path", "tensorboard_dir")
 
 
 def agreement_facts(
-    config: RunConfig, model_config: ModelConfig, spec: FeatureSpec, plan: ShardingPlan | None
+    config: RunConfig,
+    model_config: ModelConfig,
+    spec: FeatureSpec,
+    plan: ShardingPlan | None,
+    resolved: ResolvedSettings,
 ) -> dict[str, Any]:
     """What every rank must hold alike: the plan, the tables, the model, the
-    settings that decide which collectives run (steps, batches, logging), and
-    the size of each split (else ranks run different numbers of steps)."""
+    settings that decide which collectives run (steps, batches, logging), the
+    size of each split (else ranks run different numbers of steps), and what
+    each rank resolved for its device (`ResolvedSettings`)."""
     rows: dict[str, int | str] = {}
     for mapping in (TRAIN_MAPPING, TEST_MAPPING):
         try:
@@ -118,6 +161,7 @@ def agreement_facts(
         "model": model_config.to_dict(),
         "flags": flags,
         "rows": rows,
+        "resolved": resolved.to_dict(),
     }
 
 
@@ -159,6 +203,7 @@ def shard_over_ranks(
     spec: FeatureSpec,
     collectives: Collectives,
     log: MetricsLog,
+    resolved: ResolvedSettings,
 ) -> RankShards:
     """The plan for this world, agreed by every rank before anything is built from
     it (a rank with another plan file or FeatureSpec would otherwise assemble wrong
@@ -168,7 +213,8 @@ def shard_over_ranks(
             plan_for(config, model_config, spec, 1)
         return RankShards(None, [socket.gethostname()])
     plan = agreed_plan(config, model_config, spec, collectives)
-    check_ranks_agree(collectives, agreement_facts(config, model_config, spec, plan))
+    facts = agreement_facts(config, model_config, spec, plan, resolved)
+    check_ranks_agree(collectives, facts, {"resolved": RESOLVED_HINT})
     hosts = collectives.allgather_object(socket.gethostname(), name="hostnames")
     log.print(
         f"{collectives.world_size} ranks on {len(set(hosts))} hosts: "

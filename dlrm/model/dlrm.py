@@ -64,9 +64,10 @@ class Dlrm(keras.Model):
         use_xla: the dense part will be compiled by XLA (`--xla`): the dot
             interaction then runs its products over the whole batch, not in
             blocks (see `dlrm.model.interaction`).
-        on_gpu: the model runs on a GPU: the dot interaction's products run over
-            the whole batch there too (its blocks are a CPU's cache tuning; a
-            GPU wants large matrices).
+        on_gpu: the model runs the GPU code path (on a GPU, or emulated on a
+            CPU: `dlrm.distributed.devices.gpu_code_path`): the dot
+            interaction's products run over the whole batch there too (its
+            blocks are a CPU's cache tuning; a GPU wants large matrices).
         use_kernels: the project's CPU kernels (`dlrm.kernels`; the caller
             checks that they are built and that the model runs on CPUs): the
             dot interaction runs on its kernel (not under `use_xla`, which

@@ -4,12 +4,13 @@ dynamic loss scaling for float16.
 bfloat16 has float32's exponent range, so on CPU (`mixed_bfloat16`) gradients
 do not underflow and need no loss scale. float16 on GPU (`mixed_float16`) does:
 the loss is multiplied by a scale before backprop, gradients are divided by it,
-and a step whose gradients overflow is skipped and the scale halved.
+and a step whose loss or gradients overflow is skipped and the scale halved.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
 import time
 
 import tensorflow as tf
@@ -42,10 +43,9 @@ class Precision:
 
 
 def choose_precision(use_amp: bool, has_gpu: bool) -> Precision:
-    """`--amp` -> mixed_float16 on GPU (tensor cores), mixed_bfloat16 on CPU.
-
-    The GPU branch is not exercised on the CPU-only CI machines; its loss-scale
-    logic is (`DynamicLossScale` is tested on CPU with float32 gradients).
+    """`--amp` -> mixed_float16 on the GPU code path (tensor cores), mixed_bfloat16
+    on CPU. The CPU-only CI machines run the GPU branch with its loss scaling too
+    (`dlrm.distributed.devices.gpu_code_path`: float16 emulated on the CPU).
     """
     if not use_amp:
         return Precision("float32")
@@ -87,31 +87,62 @@ def bfloat16_note(float32_gflops: float, bfloat16_gflops: float) -> str:
     )
 
 
+# The loss scale float16 training starts from (TensorFlow's LossScaleOptimizer's).
+INITIAL_LOSS_SCALE = 2.0**15
+# A hidden testing switch (no flag): another initial loss scale, e.g. a huge one
+# that makes the first steps overflow.
+INITIAL_LOSS_SCALE_ENV = "DLRM_INITIAL_LOSS_SCALE"
+
+
+def initial_loss_scale() -> float:
+    """`INITIAL_LOSS_SCALE`, or `DLRM_INITIAL_LOSS_SCALE` where the environment sets
+    it (for tests that force an overflow); ValueError naming it when it is not a
+    positive number."""
+    text = os.environ.get(INITIAL_LOSS_SCALE_ENV)
+    if text is None:
+        return INITIAL_LOSS_SCALE
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0 < value <= tf.float32.max:  # the scale is a float32
+        raise ValueError(f"{INITIAL_LOSS_SCALE_ENV}: expected a positive number, got {text!r}")
+    return value
+
+
 class DynamicLossScale:
     """Loss scale that halves on overflow and doubles after `growth_interval`
     finite steps in a row (the schedule TensorFlow's LossScaleOptimizer uses).
 
-    Its state is two variables, saved in checkpoints.
+    Its state is three variables, saved in checkpoints: the scale, the finite
+    steps since it last changed, and the steps skipped in a row (overflows).
     """
 
     def __init__(
-        self, initial_scale: float = 2.0**15, growth_interval: int = 2000, minimum: float = 1.0
+        self,
+        initial_scale: float = INITIAL_LOSS_SCALE,
+        growth_interval: int = 2000,
+        minimum: float = 1.0,
     ) -> None:
         self.growth_interval = growth_interval
         self.minimum = minimum
         self.scale = tf.Variable(initial_scale, dtype=tf.float32, trainable=False, name="scale")
         self.good_steps = tf.Variable(0, dtype=tf.int64, trainable=False, name="good_steps")
+        self.skipped_steps = tf.Variable(0, dtype=tf.int64, trainable=False, name="skipped_steps")
 
-    def update(self, gradients_finite: tf.Tensor) -> None:
-        """After a step: grow the scale, or shrink it when gradients overflowed."""
+    def update(self, finite: tf.Tensor) -> None:
+        """After a step: grow the scale, or, when the step's loss or gradients
+        overflowed (`finite` false: the step was skipped), halve it."""
 
         def on_finite() -> None:
             grow = self.good_steps + 1 >= self.growth_interval
             self.scale.assign(tf.where(grow, self.scale * 2.0, self.scale))
             self.good_steps.assign(tf.where(grow, tf.constant(0, tf.int64), self.good_steps + 1))
+            self.skipped_steps.assign(0)
 
         def on_overflow() -> None:
             self.scale.assign(tf.maximum(self.scale / 2.0, self.minimum))
             self.good_steps.assign(0)
+            self.skipped_steps.assign_add(1)
 
-        tf.cond(gradients_finite, on_finite, on_overflow)
+        tf.cond(finite, on_finite, on_overflow)

@@ -28,6 +28,10 @@ STEP_KEY = "trainer/step"
 SCHEDULE_OFFSET_KEY = "trainer/schedule_offset"
 ITERATIONS_KEY = "optimizer/iterations"
 LOSS_SCALE_KEYS = ("loss_scale/scale", "loss_scale/good_steps")
+# Steps skipped in a row (`Trainer`'s bound on them). Absent from checkpoints written
+# before they were counted: 0, so at worst a run of skipped steps counts from the
+# restore on.
+SKIPPED_STEPS_KEY = "loss_scale/skipped_steps"
 
 
 def save_training_state(
@@ -136,6 +140,7 @@ def _dense_arrays(trainer: Trainer, step: int) -> dict[str, np.ndarray]:
     if trainer.loss_scale is not None:
         dense[LOSS_SCALE_KEYS[0]] = trainer.loss_scale.scale.numpy()
         dense[LOSS_SCALE_KEYS[1]] = trainer.loss_scale.good_steps.numpy()
+        dense[SKIPPED_STEPS_KEY] = trainer.loss_scale.skipped_steps.numpy()
     for variable in trainer.dense_variables:
         name = variable_name(variable)
         dense[name] = np.asarray(variable.numpy())
@@ -170,4 +175,5 @@ def restore_training_state(trainer: Trainer, checkpoint: Checkpoint) -> int:
     if trainer.loss_scale is not None and LOSS_SCALE_KEYS[0] in dense:
         trainer.loss_scale.scale.assign(checkpoint.dense_array(LOSS_SCALE_KEYS[0]))
         trainer.loss_scale.good_steps.assign(checkpoint.dense_array(LOSS_SCALE_KEYS[1]))
+        trainer.loss_scale.skipped_steps.assign(int(dense.get(SKIPPED_STEPS_KEY, 0)))
     return step

@@ -34,9 +34,14 @@ The loss is the weighted sum of binary cross-entropies divided by the *global*
 batch size, so that per-rank gradients add up to the 1-rank gradient.
 
 A step whose loss or gradients are not finite is not applied. Under float16
-loss scaling that is the normal overflow handling (the scale halves); otherwise
-the first such step is remembered in `first_non_finite_step`, and the caller
-stops training with `NonFiniteLossError` at its next check, with the weights
+loss scaling that is the normal overflow handling: float16 overflows in the
+forward pass (an inf logit, a NaN loss) as well as in the scaled gradients, and
+either way the step is skipped and the scale halved, on every rank alike (the
+verdict is summed over the ranks). Only `MAX_CONSECUTIVE_SKIPS` skipped steps
+in a row count as a failure. Without loss scaling the first non-finite step is
+one. The step where training failed is remembered in `first_non_finite_step`,
+and the caller stops training at its next check (`check_finite`:
+`NonFiniteLossError`, or `LossScaleError` under loss scaling), with the weights
 still those of the last good step.
 """
 
@@ -52,7 +57,16 @@ from dlrm.kernels.finite import all_finite
 from dlrm.model.dlrm import Dlrm
 from dlrm.model.row_chunks import chunk_bounds, in_sequence
 from dlrm.optim.optimizers import Optimizer
-from dlrm.train.precision import DynamicLossScale, Precision
+from dlrm.train.precision import INITIAL_LOSS_SCALE, DynamicLossScale, Precision
+
+# Steps skipped in a row under float16 loss scaling after which training stops
+# (`LossScaleError`). The scale starts at 2^15, so about 15 halvings in a row take
+# it to its minimum of 1: a run of overflows that a smaller scale can cure ends
+# well within 20. 50 leaves room for a few more transient overflows around it,
+# and once the scale is 1 the rest overflow unscaled, which no scale cures: at
+# most a few dozen steps of a long run are spent finding that out, instead of
+# every step skipped silently forever.
+MAX_CONSECUTIVE_SKIPS = 50
 
 
 class NonFiniteLossError(RuntimeError):
@@ -60,9 +74,7 @@ class NonFiniteLossError(RuntimeError):
 
     def __init__(self, step: int, loss: float, precision: Precision, learning_rate: float) -> None:
         hints = [f"lower --learning_rate (now {learning_rate:g}) or add --warmup_steps"]
-        if precision.use_loss_scale:
-            hints.append("check the float16 loss scale (try without --amp)")
-        elif precision.dtype_policy != "float32":
+        if precision.dtype_policy != "float32":
             hints.append("try without --amp")
         hints.append("check the numerical features for huge values (preprocessing applies log)")
         super().__init__(
@@ -71,6 +83,27 @@ class NonFiniteLossError(RuntimeError):
             f"Likely causes: {'; '.join(hints)}."
         )
         self.step = step
+
+
+class LossScaleError(NonFiniteLossError):
+    """Under float16 loss scaling, `MAX_CONSECUTIVE_SKIPS` steps in a row had a
+    NaN/inf loss or gradient, whatever the scale."""
+
+    def __init__(
+        self, step: int, skipped: int, loss_scale: float, loss: float, learning_rate: float
+    ) -> None:
+        RuntimeError.__init__(  # a message of its own, not NonFiniteLossError's
+            self,
+            f"training diverged under float16 loss scaling: {skipped} steps in a row, up to "
+            f"step {step}, had a loss or gradient that was not finite (the last loss {loss}) "
+            f"and were skipped, each halving the loss scale (now {loss_scale:g}); no "
+            f"checkpoint was written after them. Likely causes: lower --learning_rate "
+            f"(now {learning_rate:g}) or add --warmup_steps; try without --amp; check the "
+            f"numerical features for huge values (preprocessing applies log).",
+        )
+        self.step = step
+        self.skipped = skipped
+        self.loss_scale = loss_scale
 
 
 # What a rank may ask of every rank after a step (`Trainer.train_step_agreeing`).
@@ -92,6 +125,8 @@ class Trainer:
             whole batch at once). Bounds the activations' memory.
         collectives: the ranks, over which the dense gradients are summed (the
             embeddings layer exchanges its own). One process by default.
+        initial_loss_scale: where float16's dynamic loss scale starts (None:
+            `INITIAL_LOSS_SCALE`; unused without loss scaling).
     """
 
     def __init__(
@@ -104,6 +139,7 @@ class Trainer:
         use_xla: bool = False,
         collectives: Collectives | None = None,
         dense_chunk_rows: int = 0,
+        initial_loss_scale: float | None = None,
     ) -> None:
         self.model = model
         self.optimizer = optimizer
@@ -130,7 +166,9 @@ class Trainer:
         self.first_non_finite_loss = tf.Variable(
             0.0, dtype=tf.float32, trainable=False, name="first_non_finite_loss"
         )
-        self.loss_scale = DynamicLossScale() if precision.use_loss_scale else None
+        self.loss_scale = None
+        if precision.use_loss_scale:
+            self.loss_scale = DynamicLossScale(initial_loss_scale or INITIAL_LOSS_SCALE)
         # autograph=False: the steps branch on tensors only through tf.cond and
         # tf.where, so AutoGraph's rewrite of their source (about 1.8 s of CPU at every
         # process's first step, the same graph) is skipped; so is the predictor's.
@@ -260,14 +298,17 @@ class Trainer:
     def _record_outcome(
         self, loss: tf.Tensor, gradients_finite: tf.Tensor, loss_finite: tf.Tensor
     ) -> None:
-        """The loss scale follows the gradients; the first step that failed is kept
-        for `check_finite`. Overflowing scaled gradients are expected with float16,
-        a bad loss is not."""
+        """The loss scale follows the step; the step where training failed is kept
+        for `check_finite`. Under loss scaling a non-finite loss or gradient is a
+        float16 overflow, expected now and then: the step was skipped and the scale
+        halves, and only `MAX_CONSECUTIVE_SKIPS` of them in a row fail. Without it,
+        any non-finite step fails."""
+        finite = tf.logical_and(gradients_finite, loss_finite)
         if self.loss_scale is not None:
-            self.loss_scale.update(gradients_finite)
-            failed = tf.logical_not(loss_finite)
+            self.loss_scale.update(finite)
+            failed = self.loss_scale.skipped_steps >= MAX_CONSECUTIVE_SKIPS
         else:
-            failed = tf.logical_not(tf.logical_and(gradients_finite, loss_finite))
+            failed = tf.logical_not(finite)
         record = tf.logical_and(failed, self.first_non_finite_step < 0)
         self.first_non_finite_step.assign(tf.where(record, self.step, self.first_non_finite_step))
         self.first_non_finite_loss.assign(tf.where(record, loss, self.first_non_finite_loss))
@@ -290,12 +331,15 @@ class Trainer:
         return self.learning_rate(self.schedule_offset + step)
 
     def check_finite(self) -> None:
-        """Raises `NonFiniteLossError` if any step so far had a NaN/inf loss."""
+        """Raises `NonFiniteLossError` if training failed at a step so far: one with
+        a NaN/inf loss or gradient, or under loss scaling (`LossScaleError`)
+        `MAX_CONSECUTIVE_SKIPS` skipped steps in a row."""
         step = int(self.first_non_finite_step.numpy())
-        if step >= 0:
-            raise NonFiniteLossError(
-                step,
-                float(self.first_non_finite_loss.numpy()),
-                self.precision,
-                float(self.learning_rate_at(tf.constant(step, tf.int64))),
-            )
+        if step < 0:
+            return
+        loss = float(self.first_non_finite_loss.numpy())
+        learning_rate = float(self.learning_rate_at(tf.constant(step, tf.int64)))
+        if self.loss_scale is not None:
+            scale = float(self.loss_scale.scale.numpy())
+            raise LossScaleError(step, MAX_CONSECUTIVE_SKIPS, scale, loss, learning_rate)
+        raise NonFiniteLossError(step, loss, self.precision, learning_rate)

@@ -2,9 +2,18 @@
 
 from __future__ import annotations
 
+import pytest
 import tensorflow as tf
 
-from dlrm.train.precision import DynamicLossScale, bfloat16_note, choose_precision, matmul_gflops
+from dlrm.train.precision import (
+    INITIAL_LOSS_SCALE,
+    INITIAL_LOSS_SCALE_ENV,
+    DynamicLossScale,
+    bfloat16_note,
+    choose_precision,
+    initial_loss_scale,
+    matmul_gflops,
+)
 
 
 def test_policy_per_device() -> None:
@@ -26,6 +35,27 @@ def test_loss_scale_halves_on_overflow_and_grows_after_interval() -> None:
     scale.update(tf.constant(True))
     assert float(scale.scale.numpy()) == 1024.0
     assert int(scale.good_steps.numpy()) == 0
+
+
+def test_loss_scale_counts_the_steps_skipped_in_a_row() -> None:
+    scale = DynamicLossScale(initial_scale=8.0)
+    for finite, skipped in [(False, 1), (False, 2), (True, 0), (False, 1)]:
+        scale.update(tf.constant(finite))
+        assert int(scale.skipped_steps.numpy()) == skipped
+    assert float(scale.scale.numpy()) == 1.0
+
+
+def test_the_initial_loss_scale_is_2_to_the_15_unless_the_environment_sets_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv(INITIAL_LOSS_SCALE_ENV, raising=False)
+    assert initial_loss_scale() == INITIAL_LOSS_SCALE == 2.0**15
+    monkeypatch.setenv(INITIAL_LOSS_SCALE_ENV, "1e30")
+    assert initial_loss_scale() == 1e30
+    for bad in ("0", "-4", "1e39", "inf", "nan", "huge"):
+        monkeypatch.setenv(INITIAL_LOSS_SCALE_ENV, bad)
+        with pytest.raises(ValueError, match=f"DLRM_INITIAL_LOSS_SCALE: .* got '{bad}'"):
+            initial_loss_scale()
 
 
 def test_loss_scale_never_below_minimum_inside_tf_function() -> None:

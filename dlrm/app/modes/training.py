@@ -152,6 +152,8 @@ def announce(run: AssembledRun, data: SplitBinaryDataset, horizon: Horizon) -> N
         total_steps=horizon.total_steps,
         config=config.to_dict(),
         hosts=run.hosts,  # rank r ran on hosts[r]
+        # What the flags meant on this device (precision, chunks, kernels, loss scale).
+        resolved=run.resolved.to_dict() if run.resolved is not None else None,
     )
 
 
