@@ -69,6 +69,7 @@ def main(argv: list[str]) -> int:
     from dlrm.app.modes.training import NothingToTrainError
     from dlrm.checkpoint.format import CheckpointError
     from dlrm.distributed.agreement import RankMismatchError
+    from dlrm.distributed.devices import DeviceError
     from dlrm.embedding.planner.types import PlanError
     from dlrm.train.trainer import NonFiniteLossError
     from feature_spec import FeatureSpecError
@@ -82,6 +83,9 @@ def main(argv: list[str]) -> int:
         _error(f"invalid flags: {error}", True)
         return 2
     except (FeatureSpecError, DatasetError, CheckpointError, PlanError, RankMismatchError) as error:
+        _error(str(error), launch.same_on_every_rank(error))
+        return 1
+    except DeviceError as error:  # more ranks on a host than GPUs: said by each rank there
         _error(str(error), launch.same_on_every_rank(error))
         return 1
     except NonFiniteLossError as error:

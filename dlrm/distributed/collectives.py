@@ -99,7 +99,9 @@ class HorovodCollectives(Collectives):
         self.rank = hvd.rank()
         self.world_size = hvd.size()
         self.local_rank = hvd.local_rank()
-        pin_gpu(self.local_rank)
+        # DeviceError on a host with fewer GPUs than ranks (what the others see:
+        # its docstring); a new world after an elastic reset keeps the first GPU.
+        pin_gpu(self.local_rank, hvd.local_size())
         self.bound_cpus, self.intra_op_threads = share_cpus(
             hvd.local_size(), hvd.local_rank(), bind_cpus
         )
@@ -177,5 +179,9 @@ def set_horovod_defaults() -> None:
 
 def create_collectives(bind_cpus: bool = True) -> Collectives:
     """Horovod's when launched by it (even with one rank), else the one-process
-    kind. `bind_cpus`: see `share_cpus`."""
-    return HorovodCollectives(bind_cpus) if launched_by_horovod() else Collectives()
+    kind, pinned to the first GPU like a rank (`pin_gpu`). `bind_cpus`: see
+    `share_cpus`."""
+    if launched_by_horovod():
+        return HorovodCollectives(bind_cpus)
+    pin_gpu(local_rank=0, local_ranks=1)
+    return Collectives()
