@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Builds Horovod 0.28.1 from its PyPI sdist against the TensorFlow installed in the
 # virtual environment, and installs it. Gloo always; MPI when an MPI compiler is
-# installed (mpicxx) and WITH_MPI is not 0; NCCL when CUDA is present
-# (HOROVOD_GPU_OPERATIONS=NCCL).
+# installed (mpicxx) and WITH_MPI is not 0; NCCL (HOROVOD_GPU_OPERATIONS=NCCL) when
+# nvcc is installed and the machine has a GPU (or TENSORFLOW_VARIANT=gpu).
 #
 # The wheel is cached under $HOROVOD_WHEEL_CACHE, keyed by everything that changes
 # the binary (Python, TensorFlow, build options, the patch), so a rebuild happens
@@ -25,9 +25,19 @@ if [ "${WITH_MPI:-1}" = 1 ] && command -v mpicxx >/dev/null 2>&1; then
 else
     export HOROVOD_WITHOUT_MPI=1
 fi
-if command -v nvcc >/dev/null 2>&1 && command -v nvidia-smi >/dev/null 2>&1 \
-        && nvidia-smi -L >/dev/null 2>&1; then
-    export HOROVOD_GPU_OPERATIONS=NCCL   # GPU path: not exercised on the CPU-only CI
+# NCCL where install.sh installs the CUDA TensorFlow (TENSORFLOW_VARIANT=gpu, or auto
+# and nvidia-smi lists a GPU) and nvcc can build it; without nvcc, install.sh refuses
+# the result on a GPU machine unless ALLOW_GPU_WITHOUT_NCCL=1. GPU path: not exercised
+# on the CPU-only CI.
+gpu_wanted() {
+    case "${TENSORFLOW_VARIANT:-auto}" in
+        gpu) return 0 ;;
+        cpu) return 1 ;;
+        *) command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 ;;
+    esac
+}
+if [ -z "${HOROVOD_GPU_OPERATIONS:-}" ] && command -v nvcc >/dev/null 2>&1 && gpu_wanted; then
+    export HOROVOD_GPU_OPERATIONS=NCCL
 fi
 
 # A wheel built beforehand for this Python, TensorFlow and these options
@@ -47,6 +57,11 @@ key="$( {
     echo "horovod=$HOROVOD_VERSION tf=$tf_version"
     "$py" -c 'import sys; print(sys.version)'
     env | grep '^HOROVOD_' | sort
+    # The CUDA toolkit a GPU build compiles with (nothing without nvcc).
+    if [ -n "${HOROVOD_GPU_OPERATIONS:-}" ] && command -v nvcc >/dev/null 2>&1; then
+        command -v nvcc
+        nvcc --version 2>&1 | grep -i release || true
+    fi
     cat "$here/patch_horovod.py" "$here/build_horovod.sh"
 } | sha256sum | cut -c1-16)"
 wheel_dir="$cache/$key"
