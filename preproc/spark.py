@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import math
 import os
 import re
 import site
@@ -222,19 +223,13 @@ def _rapids_conf(settings: SparkSettings) -> dict[str, str]:
         "spark.rapids.sql.explain": "NOT_ON_GPU",
     }
     if settings.is_local:
-        # Local mode has no resource scheduling: the driver JVM is the executor.
+        # Local mode has no resource scheduling: the driver JVM is the executor, and
+        # its local[N] threads all run tasks (concurrentGpuTasks of them on the GPU).
+        # No GPU task amount here: Spark 3.5 then refuses to start ("No executor
+        # resource configs were specified for the following task configs: gpu"),
+        # and with executor and driver GPU amounts added its tasks never start.
         conf["spark.driver.extraClassPath"] = str(jar.resolve())
         return conf
-    extra = dict(settings.spark_conf)
-    cores = extra.get("spark.executor.cores", "1")
-    try:
-        task_share = 1.0 / int(cores)
-    except (ValueError, ZeroDivisionError):
-        raise PreprocessingError(
-            f"--spark_conf spark.executor.cores: expected a positive int, got {cores!r}"
-        ) from None
-    conf["spark.executor.resource.gpu.amount"] = "1"
-    conf["spark.task.resource.gpu.amount"] = f"{task_share:.4g}"
     if settings.gpu_discovery_script is not None:
         script = Path(settings.gpu_discovery_script)
         if not script.is_file():
@@ -242,7 +237,60 @@ def _rapids_conf(settings: SparkSettings) -> dict[str, str]:
                 f"--gpu_discovery_script: expected an existing file, got {str(script)!r}"
             )
         conf["spark.executor.resource.gpu.discoveryScript"] = str(script.resolve())
+    # One GPU per executor (the RAPIDS Accelerator supports no other mapping), shared
+    # by all of its concurrent tasks: the RAPIDS guide recommends a task GPU amount of
+    # 1/{executor core count} ("Spark GPU Scheduling Overview",
+    # docs.nvidia.com/spark-rapids/user-guide/24.02/getting-started/overview.html;
+    # "Number of Tasks per Executor", nvidia.github.io/spark-rapids/docs/tuning-guide.html).
+    # A task amount of 1 lets one task at a time hold the GPU, so the Python stages
+    # (parser, writers) of that executor run one after another.
+    # An amount given with --spark_conf is the user's choice (it is applied last).
+    conf["spark.executor.resource.gpu.amount"] = "1"
+    extra = dict(settings.spark_conf)
+    if "spark.task.resource.gpu.amount" not in extra:
+        slots = _executor_task_slots(settings.spark_master, extra)
+        conf["spark.task.resource.gpu.amount"] = _task_gpu_amount(slots)
     return conf
+
+
+def _executor_task_slots(master: str, extra: dict[str, str]) -> int:
+    """How many tasks one executor runs at once: spark.executor.cores over
+    spark.task.cpus, both from --spark_conf.
+
+    spark.executor.cores is required: Spark's own default differs by cluster
+    manager (1 on YARN and Kubernetes, all of a worker's cores on a standalone
+    cluster), so no default fits all: assuming 1 serialises the tasks, a guess
+    larger than a node's cores leaves the executor unlaunched and the job waiting.
+    """
+    if "spark.executor.cores" not in extra:
+        raise PreprocessingError(
+            f"--gpu with --spark_master {master}: expected --spark_conf "
+            "spark.executor.cores=N, the CPU cores of each executor (one executor per "
+            "GPU; its N tasks share the GPU, spark.task.resource.gpu.amount=1/N), "
+            "e.g. the node's cores divided by its GPUs"
+        )
+    cores = _positive_int(extra, "spark.executor.cores")
+    task_cpus = _positive_int(extra, "spark.task.cpus", "1")
+    if task_cpus > cores:
+        raise PreprocessingError(
+            f"--spark_conf spark.task.cpus: expected at most spark.executor.cores ({cores}), "
+            f"got {task_cpus}"
+        )
+    return cores // task_cpus
+
+
+def _positive_int(extra: dict[str, str], key: str, default: str | None = None) -> int:
+    value = extra.get(key, default)
+    if value is None or not value.isdigit() or int(value) < 1:
+        raise PreprocessingError(f"--spark_conf {key}: expected a positive int, got {value!r}")
+    return int(value)
+
+
+def _task_gpu_amount(slots: int) -> str:
+    """spark.task.resource.gpu.amount for `slots` tasks per GPU, written so that
+    Spark's floor(1 / amount) gives back `slots`: rounded down to six decimals
+    (0.166666 for 6; "0.1667", rounded to nearest, makes Spark run 5)."""
+    return str(math.floor(1_000_000 / slots) / 1_000_000) if slots > 1 else "1"
 
 
 def class_archive_path() -> Path:

@@ -3,6 +3,7 @@ Accelerator settings for local and cluster masters, errors naming the flag."""
 
 from __future__ import annotations
 
+import math
 import site
 from pathlib import Path
 
@@ -176,3 +177,62 @@ def test_the_spark_ui_has_no_kill_links_and_can_be_turned_off(ui: str, enabled: 
     assert conf["spark.ui.enabled"] == enabled
     with pytest.raises(PreprocessingError, match=r"--spark_ui: expected one of local, off, open"):
         spark_conf(SparkSettings(spark_ui="public"))
+
+
+def _cluster_gpu_conf(rapids_jar: Path, **conf: str) -> dict[str, str]:
+    """spark_conf for a standalone master with --gpu; `executor_cores="4"` is
+    --spark_conf spark.executor.cores=4."""
+    items = tuple((f"spark.{key.replace('_', '.')}", value) for key, value in conf.items())
+    settings = SparkSettings(
+        spark_master="spark://head:7077",
+        gpu=True,
+        rapids_jar=str(rapids_jar),
+        spark_conf=items,
+    )
+    return spark_conf(settings)
+
+
+def test_gpu_on_a_cluster_requires_the_executor_cores(rapids_jar: Path) -> None:
+    # Without them the task amount assumed one core: each task held the whole GPU
+    # and an executor's Python stages ran one at a time.
+    message = (
+        r"--gpu with --spark_master spark://head:7077: expected --spark_conf "
+        r"spark\.executor\.cores=N"
+    )
+    with pytest.raises(PreprocessingError, match=message):
+        _cluster_gpu_conf(rapids_jar)
+    # Unless the task amount itself is given.
+    conf = _cluster_gpu_conf(rapids_jar, task_resource_gpu_amount="0.5")
+    assert conf["spark.task.resource.gpu.amount"] == "0.5"
+    assert conf["spark.executor.resource.gpu.amount"] == "1"
+
+
+@pytest.mark.parametrize("cores", [1, 2, 3, 6, 7, 11, 12, 16, 24, 31, 48, 64, 96, 128, 255])
+def test_the_task_gpu_amount_gives_every_core_a_task(rapids_jar: Path, cores: int) -> None:
+    # Spark runs floor(1 / amount) tasks per GPU (ResourceUtils.
+    # calculateAmountAndPartsForFraction): 0.1667 for 6 cores ran 5 tasks.
+    amount = float(
+        _cluster_gpu_conf(rapids_jar, executor_cores=str(cores))["spark.task.resource.gpu.amount"]
+    )
+    assert math.floor(1 / amount) == cores
+    assert amount == 1 or amount <= 0.5  # Spark refuses fractions above 0.5
+
+
+def test_the_task_gpu_amount_follows_the_cpus_per_task(rapids_jar: Path) -> None:
+    conf = _cluster_gpu_conf(rapids_jar, executor_cores="8", task_cpus="2")
+    assert conf["spark.task.resource.gpu.amount"] == "0.25"  # 4 tasks at a time
+    for items, message in [
+        ({"executor_cores": "4", "task_cpus": "8"}, r"spark\.task\.cpus: expected at most "),
+        ({"executor_cores": "four"}, r"spark\.executor\.cores: expected a positive int"),
+        ({"executor_cores": "4", "task_cpus": "0"}, r"spark\.task\.cpus: expected a positive"),
+    ]:
+        with pytest.raises(PreprocessingError, match=message):
+            _cluster_gpu_conf(rapids_jar, **items)
+
+
+@pytest.mark.parametrize("master", ["local[*]", "local[8]", "local"])
+def test_gpu_in_local_mode_sets_no_task_resources(rapids_jar: Path, master: str) -> None:
+    # Spark 3.5's local mode refuses a task GPU amount without executor resources
+    # and, given them, never starts a task: its local[N] threads share the GPU.
+    conf = spark_conf(SparkSettings(spark_master=master, gpu=True, rapids_jar=str(rapids_jar)))
+    assert not any(".resource.gpu." in key for key in conf)
