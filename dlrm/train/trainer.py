@@ -96,8 +96,8 @@ class LossScaleError(NonFiniteLossError):
             self,
             f"training diverged under float16 loss scaling: {skipped} steps in a row, up to "
             f"step {step}, had a loss or gradient that was not finite (the last loss {loss}) "
-            f"and were skipped, each halving the loss scale (now {loss_scale:g}); no "
-            f"checkpoint was written after them. Likely causes: lower --learning_rate "
+            f"and were skipped, each halving the loss scale (now {loss_scale:g}); the "
+            f"weights are those of the last step applied. Likely causes: lower --learning_rate "
             f"(now {learning_rate:g}) or add --warmup_steps; try without --amp; check the "
             f"numerical features for huge values (preprocessing applies log).",
         )
