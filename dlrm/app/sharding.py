@@ -72,7 +72,8 @@ def plan_for(
             raise PlanError(f"--sharding_plan {config.sharding_plan}: {error}") from error
         # Gradient exchange is costed (and chosen) at this run's batch.
         return dataclasses.replace(plan, global_batch_size=config.batch_size)
-    slots = len(optimizer_spec(config.optimizer).slot_names)
+    optimizer = optimizer_spec(config.optimizer)
+    training = config.mode == "train"
     budget = config.embedding_memory_budget_gib
     planner = PlannerConfig(
         world_size=world_size,
@@ -81,8 +82,9 @@ def plan_for(
         column_slice_threshold=config.column_slice_threshold,
         row_slice_threshold=config.row_slice_threshold,
         strategy=config.sharding_strategy,
-        optimizer_slots=slots if config.mode == "train" else 0,
+        optimizer_slots=optimizer.element_slot_count if training else 0,
         global_batch_size=config.batch_size,
+        row_slots=optimizer.row_slot_count if training else 0,
     )
     try:
         return plan_sharding(tables, planner)

@@ -8,7 +8,15 @@ Layout of `<root>/step_<step:09d>/`:
 - `dense.npz`: dense weights, their optimizer slots and the trainer's counters,
   by name (no pickle).
 - `embeddings/<TableShard.name>.npy` (`table_<t>.rows_<r0>_<r1>.cols_<c0>_<c1>.npy`):
-  one file per table shard, and one per optimizer slot of it (`....<slot>.npy`).
+  one file per table shard, and one per optimizer slot of it (`....<slot>.npy`):
+  the shard's shape, or [rows, 1] for a row-wise slot (row-wise Adagrad's
+  accumulator, listed under the shard's `row_wise_slots`).
+
+A row-wise slot reshards with the table's rows: row ranges split and join; a
+slice whose columns several column shards held gets the mean of their values
+weighted by the columns each holds (a row-wise accumulator is a mean of squares
+over its shard's columns, so this is the whole row's), and a column shard cut
+from wider stored shards gets that mean too (a copy, from a single one).
 
 The manifest lists each shard once, as a `StoredShard` (its `TableShard` with the
 files) under its `StoredTable`; the plan it stores leaves the shards out
@@ -93,15 +101,25 @@ def shard_file_name(shard: TableShard) -> str:
 class StoredShard:
     """A table shard in a checkpoint: the part of the table it holds (`shard`),
     the file of its values and the file of each optimizer slot, by slot name
-    (paths relative to the checkpoint)."""
+    (paths relative to the checkpoint); `row_wise_slots`: the slots stored as
+    one value per row, [rows, 1]."""
 
     shard: TableShard
     file: str
     slots: Mapping[str, str]
+    row_wise_slots: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
-        """Its manifest entry: `TableShard.to_dict()` with `file` and `slots`."""
-        return {**self.shard.to_dict(), "file": self.file, "slots": dict(self.slots)}
+        """Its manifest entry: `TableShard.to_dict()` with `file`, `slots` and,
+        when it has any, `row_wise_slots`."""
+        entry = {**self.shard.to_dict(), "file": self.file, "slots": dict(self.slots)}
+        if self.row_wise_slots:
+            entry["row_wise_slots"] = list(self.row_wise_slots)
+        return entry
+
+    def slot_width(self, slot: str) -> int:
+        """The columns of `slot`'s file: 1 for a row-wise slot, else the shard's."""
+        return 1 if slot in self.row_wise_slots else self.shard.width
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], **defaults: Any) -> StoredShard:
@@ -111,7 +129,10 @@ class StoredShard:
         if not isinstance(slots, Mapping):
             raise TypeError(f"slots: expected slot name -> file, got {slots!r}")
         shard = TableShard.from_dict(data, **defaults)
-        return cls(shard, str(data["file"]), {str(k): str(v) for k, v in slots.items()})
+        row_wise = tuple(str(name) for name in data.get("row_wise_slots", ()))
+        if not set(row_wise) <= set(slots):
+            raise ValueError(f"row_wise_slots {list(row_wise)} are not all among its slots")
+        return cls(shard, str(data["file"]), {str(k): str(v) for k, v in slots.items()}, row_wise)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -141,7 +141,13 @@ def restore_shard(
     checkpoint: Checkpoint, shard: TableShard, variable: Any, slot: str | None
 ) -> None:
     """Fills the rows of `shard` that the checkpoint's table has (all of them,
-    unless the table grew); the others keep what the variable holds."""
+    unless the table grew); the others keep what the variable holds (a new row's
+    initial value, and its slots' initial values).
+
+    A row-wise `slot` ([rows, 1]) fills a [height, 1] variable: resharded as
+    `Checkpoint.restore_table_slice` describes."""
+    if slot is not None:
+        _check_slot_shape(checkpoint, shard, variable, slot)
     stop = min(shard.rows[1], checkpoint.table_shape(shard.table)[0])
     if stop <= shard.rows[0]:
         return  # rows that are all new
@@ -151,4 +157,21 @@ def restore_shard(
 
     checkpoint.restore_table_slice(
         shard.table, (shard.rows[0], stop), shard.columns, assign, slot=slot
+    )
+
+
+def _check_slot_shape(checkpoint: Checkpoint, shard: TableShard, variable: Any, slot: str) -> None:
+    """CheckpointError unless the variable has the slot's width as stored: one
+    value per row, or one per element."""
+    row_wise = checkpoint.is_row_wise_slot(shard.table, slot)
+    width = 1 if row_wise else shard.width
+    if list(variable.shape) == [shard.height, width]:
+        return
+    stored = checkpoint.manifest.get("optimizer", {}).get("name")
+    kept = "one value per row" if row_wise else "one value per element"
+    raise CheckpointError(
+        f"{checkpoint.path}: optimizer slot {slot!r} of table {shard.table} is stored with "
+        f"{kept} (--optimizer {stored}), this run's {shard.name} has it as "
+        f"{list(variable.shape)}, expected {[shard.height, width]}; optimizer state cannot "
+        "carry over between optimizers"
     )

@@ -49,11 +49,13 @@ class _NpyLayout(NamedTuple):
 
 class _Piece(NamedTuple):
     """The part of a requested slice that one shard file holds: `part` (table
-    coordinates) of `shard`, whose values (or slot) are in `file`."""
+    coordinates) of `shard`, whose values (or slot) are in `file`, `width`
+    columns wide (the shard's, or 1 for a row-wise slot)."""
 
     file: str
     shard: TableShard
     part: TableShard
+    width: int
 
 
 def _read_exact(handle: io.FileIO, path: Path, offset: int, out: np.ndarray) -> None:
@@ -250,6 +252,11 @@ class Checkpoint:
     def table_shape(self, table: int) -> tuple[int, int]:
         return self._table(table).shape
 
+    def is_row_wise_slot(self, table: int, slot: str) -> bool:
+        """Whether the table's `slot` is stored one value per row, [rows, 1]
+        (row-wise Adagrad's accumulator): a slice of it is [rows, 1]."""
+        return any(slot in stored.row_wise_slots for stored in self._table(table).shards)
+
     def _pieces(self, table: int, rows: Range, columns: Range, slot: str | None) -> list[_Piece]:
         """The shard files holding the requested slice, each with its part of it;
         raises unless they cover the slice."""
@@ -269,7 +276,8 @@ class Checkpoint:
                     f"{self.path}: table {table} has no optimizer slot {slot!r}; the "
                     f"checkpoint was written with another optimizer"
                 )
-            pieces.append(_Piece(file, stored.shard, part))
+            width = stored.shard.width if slot is None else stored.slot_width(slot)
+            pieces.append(_Piece(file, stored.shard, part, width))
         try:  # the shards do not overlap (checked on opening)
             check_covers(table, rows, columns, [piece.part for piece in pieces])
         except ShardError as error:
@@ -281,7 +289,7 @@ class Checkpoint:
         if piece.file in self._layouts:
             return self._layouts[piece.file]
         path = self._checked(piece.file)
-        expected = (piece.shard.height, piece.shard.width)
+        expected = (piece.shard.height, piece.width)
         try:
             with path.open("rb") as handle:
                 version = np.lib.format.read_magic(handle)
@@ -327,6 +335,10 @@ class Checkpoint:
         that bounds the read buffer too: besides the caller's own memory, a
         restore holds one block and one read buffer.
 
+        A row-wise slot (`is_row_wise_slot`) gives blocks [n, 1]: each row's
+        value is the mean of the shards' values that cover the columns, weighted
+        by how many of the columns each covers (one shard: its value).
+
         Every shard file the slice needs is verified (see `Checkpoint`) and its
         header checked before `assign` is first called, and coverage too: a
         failure raises `CheckpointError` before anything is assigned.
@@ -335,6 +347,9 @@ class Checkpoint:
             raise ValueError(f"block_bytes must be positive, got {block_bytes}")
         pieces = self._pieces(table, rows, columns, slot)
         layouts = {piece.file: self._layout(piece) for piece in pieces}
+        if slot is not None and self.is_row_wise_slot(table, slot):
+            self._restore_row_wise(pieces, layouts, rows, columns, assign, block_bytes)
+            return
         width = _length(columns)
         widest = max([width, *(piece.shard.width for piece in pieces)])
         itemsize = max([4, *(layout.dtype.itemsize for layout in layouts.values())])
@@ -356,6 +371,44 @@ class Checkpoint:
                         )
                 assign(start - rows[0], block)
                 del block  # before the next one is allocated
+
+    def _restore_row_wise(
+        self,
+        pieces: list[_Piece],
+        layouts: Mapping[str, _NpyLayout],
+        rows: Range,
+        columns: Range,
+        assign: Callable[[int, np.ndarray], object],
+        block_bytes: int,
+    ) -> None:
+        """`restore_table_slice` of a row-wise slot: blocks [n, 1], each row the
+        column-weighted mean of the pieces over it (in float64, then float32)."""
+        if any(layout.shape[1] != 1 for layout in layouts.values()):
+            raise CheckpointError(
+                f"{self.path / MANIFEST}: the shards of table {pieces[0].shard.table} store "
+                "a slot per row on some shards and per element on others"
+            )
+        width = _length(columns)
+        block_rows = max(1, block_bytes // 8)
+        with contextlib.ExitStack() as stack:
+            handles = {
+                file: stack.enter_context((self.path / file).open("rb", buffering=0))
+                for file in layouts
+            }
+            for start in range(rows[0], rows[1], block_rows):
+                stop = min(start + block_rows, rows[1])
+                total = np.zeros((stop - start, 1), np.float64)
+                for piece in pieces:
+                    part = range_intersection(piece.part.rows, (start, stop))
+                    if part is None:
+                        continue
+                    layout = layouts[piece.file]
+                    values = np.empty((_length(part), 1), layout.dtype)
+                    offset = layout.offset + (part[0] - piece.shard.rows[0]) * layout.dtype.itemsize
+                    _read_exact(handles[piece.file], self.path / piece.file, offset, values)
+                    share = piece.part.width / width
+                    total[part[0] - start : part[1] - start] += share * values
+                assign(start - rows[0], total.astype(np.float32))
 
     def _read_piece(
         self,
@@ -393,8 +446,10 @@ class Checkpoint:
     ) -> np.ndarray:
         """Rows [r0, r1) x columns [c0, c1) of a table (or of its optimizer `slot`),
         float32 [r1 - r0, c1 - c0], assembled from the shards that overlap it.
-        Holds the whole slice in memory; `restore_table_slice` streams it."""
-        out = np.empty((_length(rows), _length(columns)), np.float32)
+        Holds the whole slice in memory; `restore_table_slice` streams it. A
+        row-wise slot's slice is [r1 - r0, 1]."""
+        width = 1 if slot is not None and self.is_row_wise_slot(table, slot) else None
+        out = np.empty((_length(rows), width or _length(columns)), np.float32)
 
         def assign(offset: int, block: np.ndarray) -> None:
             out[offset : offset + len(block)] = block

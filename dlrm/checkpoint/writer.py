@@ -9,7 +9,7 @@ import io
 import json
 import os
 import shutil
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -48,39 +48,51 @@ def _write_npy_rows(
     handle: BinaryIO,
     what: str,
     source: np.ndarray | RowReader,
-    shape: tuple[int, int],
-    block_rows: int,
-) -> dict[str, Any]:
-    """Writes float32 `shape` from `source` as a C-order `.npy` file (the bytes
-    `np.save` writes), `block_rows` rows at a time; returns its sha256 and size."""
+    rows: int,
+    widths: Sequence[int],
+    block_bytes: int,
+) -> tuple[dict[str, Any], int]:
+    """Writes float32 [rows, width] from `source` as a C-order `.npy` file (the
+    bytes `np.save` writes) in row blocks of about `block_bytes`; returns its
+    sha256 and size, and its width: one of `widths`, the array's or that of the
+    first block a `RowReader` gives."""
+
+    def read(start: int, stop: int) -> np.ndarray:
+        if isinstance(source, np.ndarray):
+            return np.ascontiguousarray(source[start:stop], np.float32)
+        return np.ascontiguousarray(source(start, stop), np.float32)
+
+    block_rows = max(1, block_bytes // (4 * max(max(widths), 1)))
+    first = read(0, min(block_rows, rows))
+    width = first.shape[1] if first.ndim == 2 and first.shape[1] in widths else widths[0]
     header = io.BytesIO()
     np.lib.format.write_array_header_1_0(
         header,
         {
             "descr": np.lib.format.dtype_to_descr(np.dtype(np.float32)),
             "fortran_order": False,
-            "shape": shape,
+            "shape": (rows, width),
         },
     )
     digest = hashlib.sha256(header.getvalue())
     size = handle.write(header.getvalue())
-    rows, width = shape
+    block: np.ndarray | None = first
+    del first
     for start in range(0, rows, block_rows):
         stop = min(start + block_rows, rows)
-        if isinstance(source, np.ndarray):
-            block = np.ascontiguousarray(source[start:stop], np.float32)
-        else:
-            block = np.ascontiguousarray(source(start, stop), np.float32)
-            if block.shape != (stop - start, width):
-                raise CheckpointError(
-                    f"{what}: rows [{start}, {stop}) read as shape {block.shape}, expected "
-                    f"{(stop - start, width)}"
-                )
+        if block is None:
+            block = read(start, stop)
+        if block.shape != (stop - start, width):
+            raise CheckpointError(
+                f"{what}: rows [{start}, {stop}) read as shape {block.shape}, expected "
+                f"{(stop - start, width)}"
+            )
         data = block.data.cast("B")
         digest.update(data)
         size += handle.write(data)
-        del block, data  # before the next block is read
-    return {"sha256": digest.hexdigest(), "bytes": size}
+        block = None
+        del data  # before the next block is read
+    return {"sha256": digest.hexdigest(), "bytes": size}, width
 
 
 def _placed(shards: Iterable[TableShard]) -> list[str]:
@@ -138,9 +150,14 @@ class CheckpointWriter:
         values: np.ndarray | RowReader,
         slots: Mapping[str, np.ndarray | RowReader],
         block_bytes: int = ROW_BLOCK_BYTES,
+        row_wise_slots: Collection[str] = (),
     ) -> None:
         """One shard of table `shard.table` (whole shape `table_shape`) and its
-        optimizer slots, each [shard.height, shard.width], stored as float32.
+        optimizer slots, stored as float32: values [shard.height, shard.width];
+        each slot that shape or, a row-wise slot, [shard.height, 1].
+
+        Which slots are row-wise: `row_wise_slots`, and any other whose array
+        (or first block) is one column wide on a shard of more.
 
         Each of `values` and `slots` is an array (a memory map too) or a
         `RowReader`; either is written, and hashed, in row blocks of about
@@ -155,9 +172,21 @@ class CheckpointWriter:
                 f"{shard.name}: {shard.describe()} lie outside table {shard.table} of shape "
                 f"{list(table_shape)}"
             )
-        expected = (shard.height, shard.width)
+        unknown = set(row_wise_slots) - set(slots)
+        if unknown:
+            raise CheckpointError(
+                f"{shard.name}: row-wise slots {sorted(unknown)} are not among its slots "
+                f"{sorted(slots)}"
+            )
+        widths = {
+            "values": (shard.width,),
+            **{name: (1,) if name in row_wise_slots else (shard.width, 1) for name in slots},
+        }
         for name, array in [("values", values), *slots.items()]:
-            if isinstance(array, np.ndarray) and tuple(array.shape) != expected:
+            if isinstance(array, np.ndarray) and not any(
+                tuple(array.shape) == (shard.height, w) for w in widths[name]
+            ):
+                expected = " or ".join(str((shard.height, w)) for w in widths[name])
                 raise CheckpointError(
                     f"{shard.name}: {name} has shape {tuple(array.shape)}, expected {expected}"
                 )
@@ -168,16 +197,20 @@ class CheckpointWriter:
                 f"{shard.table} said {list(entry.shape)}"
             )
         base = shard_file_name(shard)
-        block_rows = max(1, block_bytes // (4 * max(shard.width, 1)))
         files = {"values": f"{base}.npy", **{slot: f"{base}.{slot}.npy" for slot in slots}}
+        row_wise = []
         for name, source in [("values", values), *slots.items()]:
             relative = files[name]
             with (self.staging / relative).open("wb") as handle:
-                checksum = _write_npy_rows(
-                    handle, f"{shard.name} {name}", source, expected, block_rows
+                checksum, width = _write_npy_rows(
+                    handle, f"{shard.name} {name}", source, shard.height, widths[name], block_bytes
                 )
             self._written(relative, checksum)
-        stored = StoredShard(shard, files["values"], {slot: files[slot] for slot in slots})
+            if name != "values" and (name in row_wise_slots or width != shard.width):
+                row_wise.append(name)
+        stored = StoredShard(
+            shard, files["values"], {slot: files[slot] for slot in slots}, tuple(row_wise)
+        )
         self._tables[shard.table] = dataclasses.replace(entry, shards=(*entry.shards, stored))
 
     def _plan_without_shards(

@@ -5,8 +5,9 @@ A layer's backward pass (`Embeddings.backward`) gives its gradient as
 `GradientPiece`s: one table shard's part of one gradient tensor, with the ids
 whose rows receive it. Nothing is split per table or expanded per id on the way:
 with the project's CPU kernels loaded, one op (`DlrmEmbeddingApply`) sums each
-row's gradient over its ids and pieces and applies SGD, Adagrad or lazy Adam to
-that row in place, for every shard of the process at once. Without them,
+row's gradient over its ids and pieces and applies SGD, Adagrad, lazy Adam or
+row-wise Adagrad to that row in place, for every shard of the process at once
+(a replicated table's summed gradient too, so it gets the row-wise rule). Without them,
 `piece_slices` turns each piece into the row-sparse `tf.IndexedSlices` that
 TensorFlow's own gather gradient would give, and the optimizer's TensorFlow ops
 apply them (`Optimizer.apply_rows`): the same computation, slower.

@@ -11,7 +11,7 @@ TensorFlow's CPU kernels run some of DLRM's ops far below the machine's speed
 - `DlrmEmbeddingLookup` (`embedding_lookup.cc`): every table's one-hot lookup
   written straight into the [B, sum of D] vectors: no concatenation of 26
   lookups.
-- `DlrmEmbeddingApply` (`embedding_apply.cc`): one SGD, Adagrad or lazy Adam
+- `DlrmEmbeddingApply` (`embedding_apply.cc`): one SGD, Adagrad, lazy Adam or row-wise Adagrad
   step on the looked-up rows of many tables (row-range shards among them),
   read straight from the gradients of the lookups' outputs, each table's part
   of a gradient a "piece" (`dlrm.embedding.update`): no split of the vectors'

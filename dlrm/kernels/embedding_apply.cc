@@ -1,4 +1,4 @@
-// One optimizer step (SGD, Adagrad or lazy Adam) on the looked-up rows of many
+// One optimizer step (SGD, Adagrad, lazy Adam or row-wise Adagrad) on the looked-up rows of many
 // embedding tables, straight from the gradient of the lookups' outputs.
 //
 // TensorFlow's path (dlrm/optim/optimizers.py's _apply_sparse) first cuts each
@@ -12,7 +12,8 @@
 //
 // DlrmEmbeddingApply inputs: tables (float32 [rows_t, D_t] resource
 // variables), slots (table-major: none for sgd, [accumulator] for adagrad,
-// [m, v] for adam, each of its table's shape), and per piece (one table's part
+// [m, v] for adam, each of its table's shape; [accumulator] of shape [rows_t, 1]
+// for rowwise_adagrad), and per piece (one table's part
 // of one gradient tensor; pieces may share a tensor): ids ([n_p], global ids of
 // table piece_tables[p]), rows ([n_p] int32: the row of gradients[p] that holds
 // each id's gradient), gradients ([B_p, C_p] float32 or bfloat16; the table's
@@ -28,7 +29,9 @@
 // then each row that occurs is updated once: sgd w -= lr G; adagrad acc += G^2,
 // w -= lr G / (sqrt(acc) + epsilon); adam (lazy) m = beta_1 m + (1 - beta_1) G,
 // v = beta_2 v + (1 - beta_2) G^2, w -= lr sqrt(1 - beta_2^t) / (1 - beta_1^t)
-// m / (sqrt(v) + epsilon). SGD, which is linear, applies a table's occurrences
+// m / (sqrt(v) + epsilon); rowwise_adagrad acc[u] += mean over the row's D_t
+// values of G^2 (one value a row), w -= G * (lr / (sqrt(acc[u]) + epsilon)).
+// SGD, which is linear, applies a table's occurrences
 // one after the other when the table stays on one thread (the same update up
 // to rounding, without the grouping).
 //
@@ -202,6 +205,27 @@ DLRM_CLONES void AdamRow(float* w, float* m, float* v, const float* g, AdamConst
   }
 }
 
+// acc += mean of g^2 over the row; w -= g * (rate / (sqrt(acc) + epsilon)): one
+// accumulator a row (FBGEMM's row-wise Adagrad). The squares are summed 16 at a
+// time in float32, as TensorFlow's reduce_mean sums in blocks: the same to rounding.
+DLRM_CLONES void RowwiseAdagradRow(float* w, float* acc, const float* g, float rate,
+                                   float epsilon, int64_t width) {
+  Lanes squares = {};
+  int64_t k = 0;
+  for (; k + kLanes <= width; k += kLanes) {
+    Lanes gl;
+    std::memcpy(&gl, g + k, sizeof(gl));
+    squares += gl * gl;
+  }
+  if (width == 0) return;
+  float sum = 0.0f;
+  for (int l = 0; l < kLanes; ++l) sum += squares[l];
+  for (; k < width; ++k) sum += g[k] * g[k];
+  *acc += sum / static_cast<float>(width);
+  const float step = rate / (__builtin_sqrtf(*acc) + epsilon);
+  AddScaled(w, g, -step, width);
+}
+
 // Asks for `bytes` at `address` from memory, one cache line at a time, for writing.
 inline void Prefetch(const void* address, int64_t bytes) {
   const char* line = static_cast<const char*>(address);
@@ -210,11 +234,12 @@ inline void Prefetch(const void* address, int64_t bytes) {
 
 // ------------------------------------------------------------------- attrs
 
-enum class Optimizer { kSgd, kAdagrad, kAdam };
+enum class Optimizer { kSgd, kAdagrad, kAdam, kRowwiseAdagrad };
 
 struct Attributes {
   Optimizer optimizer = Optimizer::kSgd;
   std::vector<std::string> slot_names;  // of each table, in the order of `slots`
+  bool row_wise_slots = false;          // slots [rows, 1], not the table's shape
   int num_tables = 0, num_slots = 0, num_pieces = 0;
   std::vector<int64_t> piece_tables, piece_columns, row_offsets;
   std::vector<bool> partial;
@@ -241,6 +266,9 @@ Status ReadAttributes(Context* c, Attributes* a) {
     a->optimizer = Optimizer::kSgd, a->slot_names = {};
   } else if (optimizer == "adagrad") {
     a->optimizer = Optimizer::kAdagrad, a->slot_names = {"accumulator"};
+  } else if (optimizer == "rowwise_adagrad") {
+    a->optimizer = Optimizer::kRowwiseAdagrad, a->slot_names = {"accumulator"};
+    a->row_wise_slots = true;
   } else {
     a->optimizer = Optimizer::kAdam, a->slot_names = {"m", "v"};
   }
@@ -317,6 +345,7 @@ struct Table {
   float* weights = nullptr;
   float* slots[2] = {nullptr, nullptr};
   int64_t rows = 0, width = 0, offset = 0;
+  int64_t slot_width = 0;  // the table's width, or 1 for row-wise slots
   bool partial = false;
   std::vector<int> pieces;
   int64_t ids = 0;  // over its pieces, in range or not
@@ -384,7 +413,8 @@ std::vector<Task> ShareOut(const std::vector<Table>& tables, int slots_per_table
     if (uniques == 0) continue;
     // A row: its occurrences' gradient rows, then the weights and slots.
     const int64_t occurrences = static_cast<int64_t>(table.occurrences.size());
-    const int64_t row_cost = (occurrences / uniques + 1 + slots_per_table) * width;
+    const int64_t row_cost =
+        (occurrences / uniques + 1) * width + slots_per_table * table.slot_width;
     const int64_t step = std::max(kMinShare, share / row_cost);
     for (int64_t begin = 0; begin < uniques; begin += step) {
       const int64_t end = std::min(uniques, begin + step);
@@ -605,12 +635,17 @@ class EmbeddingApplyOp : public OpKernel {
       table.width = params->dim_size(1);
       table.offset = attrs_.row_offsets[t];
       table.partial = attrs_.partial[t];
+      table.slot_width = attrs_.row_wise_slots ? 1 : table.width;
+      const tensorflow::TensorShape slot_shape({table.rows, table.slot_width});
       for (int s = 0; s < per_table; ++s) {
         Var* slot = vars[attrs_.num_tables + t * per_table + s].get();
-        if (slot->tensor()->shape() != params->shape()) {
+        if (slot->tensor()->shape() != slot_shape) {
           return InvalidArgument(kOp, "slots[", t * per_table + s, "] (", attrs_.slot_names[s],
                                  " of table ", t, ") is ", slot->tensor()->shape().DebugString(),
-                                 ": expected its table's shape ", params->shape().DebugString());
+                                 ": expected ",
+                                 attrs_.row_wise_slots ? "one value per row of its table "
+                                                       : "its table's shape ",
+                                 slot_shape.DebugString());
         }
         TF_RETURN_IF_ERROR(Writable(context, slot, &table.slots[s]));
       }
@@ -772,9 +807,11 @@ class EmbeddingApplyOp : public OpKernel {
     const int per_table = static_cast<int>(attrs_.slot_names.size());
     for (int64_t k = begin; k < end; ++k) {
       if (k + kAhead < end) {
-        const int64_t ahead = table.unique[k + kAhead] * width;
-        Prefetch(table.weights + ahead, width * sizeof(float));
-        for (int s = 0; s < per_table; ++s) Prefetch(table.slots[s] + ahead, width * sizeof(float));
+        const int64_t ahead = table.unique[k + kAhead];
+        Prefetch(table.weights + ahead * width, width * sizeof(float));
+        for (int s = 0; s < per_table; ++s) {
+          Prefetch(table.slots[s] + ahead * table.slot_width, table.slot_width * sizeof(float));
+        }
         const Occurrence& first = table.occurrences[table.starts[k + kAhead]];
         const Piece<T, Index>& piece = pieces[first.piece];
         Prefetch(piece.gradient + first.row * piece.stride + piece.column, width * sizeof(T));
@@ -790,6 +827,7 @@ class EmbeddingApplyOp : public OpKernel {
                      width);
       }
       const int64_t at = table.unique[k] * width;
+      const int64_t slot_at = table.unique[k] * table.slot_width;
       switch (attrs_.optimizer) {
         case Optimizer::kSgd:
           AddScaled(table.weights + at, sum, -constants.learning_rate, width);
@@ -801,6 +839,10 @@ class EmbeddingApplyOp : public OpKernel {
         case Optimizer::kAdam:
           AdamRow(table.weights + at, table.slots[0] + at, table.slots[1] + at, sum,
                   constants.adam, width);
+          break;
+        case Optimizer::kRowwiseAdagrad:
+          RowwiseAdagradRow(table.weights + at, table.slots[0] + slot_at, sum,
+                            constants.learning_rate, attrs_.epsilon, width);
           break;
       }
     }
@@ -822,7 +864,7 @@ REGISTER_OP("DlrmEmbeddingApply")
     .Input("gradient_scale: float")
     .Input("beta_1_power: float")
     .Input("beta_2_power: float")
-    .Attr("optimizer: {'sgd', 'adagrad', 'adam'}")
+    .Attr("optimizer: {'sgd', 'adagrad', 'adam', 'rowwise_adagrad'}")
     .Attr("piece_tables: list(int)")
     .Attr("piece_columns: list(int)")
     .Attr("row_offsets: list(int)")

@@ -1,4 +1,5 @@
-"""SGD, Adagrad and Adam: dense updates for the MLPs, row updates for embeddings.
+"""SGD, Adagrad, Adam and row-wise Adagrad: dense updates for the MLPs, row
+updates for embeddings.
 
 Each optimizer is a rule with per-variable slots. The dense weights are updated
 by TensorFlow's fused training kernels (`tf.raw_ops.ResourceApply*`, the same
@@ -16,7 +17,9 @@ its slots beside it, resharded on restore) cannot address, and their Adam and
 Adagrad turn `IndexedSlices` into dense [rows, D] updates.
 
 Slots are named after the variable's path, so checkpoints can store and
-restore them per variable.
+restore them per variable. A slot the spec calls row-wise (`row_wise_slots`)
+is [rows, 1] on an embedding table (`build(..., tables=...)`), the variable's
+shape on a dense weight.
 """
 
 from __future__ import annotations
@@ -27,7 +30,14 @@ from typing import Any, ClassVar
 
 import tensorflow as tf
 
-from dlrm.optim.config import ADAGRAD, ADAM, SGD, OptimizerSpec, optimizer_spec
+from dlrm.optim.config import (
+    ADAGRAD,
+    ADAM,
+    ROWWISE_ADAGRAD,
+    SGD,
+    OptimizerSpec,
+    optimizer_spec,
+)
 from dlrm.variables import resource_variable, variable_name
 
 
@@ -45,7 +55,7 @@ def _deduplicate(gradient: tf.IndexedSlices) -> tuple[tf.Tensor, tf.Tensor]:
 class Optimizer(abc.ABC):
     """Applies gradients to variables, with per-variable slots.
 
-    Call `build(variables)` eagerly once; then, every step (inside tf.function),
+    Call `build(variables, tables)` eagerly once; then, every step (inside tf.function),
     the embedding rows' update (`apply_rows`, or the kernel with `kernel_rule`)
     before `apply` of the dense gradients, which ends the step: `iterations`
     counts applied steps (Adam's bias correction) and `apply` adds one.
@@ -65,19 +75,30 @@ class Optimizer(abc.ABC):
         self.iterations = tf.Variable(0, dtype=tf.int64, trainable=False, name="iterations")
         self._slots: dict[str, dict[str, tf.Variable]] = {}
 
-    def build(self, variables: Sequence[Any]) -> None:
-        for variable in variables:
+    def build(self, variables: Sequence[Any], tables: Sequence[Any] = ()) -> None:
+        """Creates the slots of `variables` (dense weights) and of `tables`
+        (embedding tables or their shards, [rows, D]: a row-wise slot of theirs is
+        [rows, 1]); a variable that has slots keeps them."""
+        for variable, is_table in [(v, False) for v in variables] + [(t, True) for t in tables]:
             name = variable_name(variable)
             if name in self._slots:
                 continue
             self._slots[name] = {
                 slot: tf.Variable(
-                    tf.fill(variable.shape, self._slot_initial_value(slot)),
+                    tf.fill(
+                        self._slot_shape(variable, slot, is_table), self._slot_initial_value(slot)
+                    ),
                     trainable=False,
                     name=f"{name.replace('/', '.')}.{slot}",
                 )
                 for slot in self.slot_names
             }
+
+    def _slot_shape(self, variable: Any, slot: str, is_table: bool) -> list[int]:
+        shape = list(variable.shape)
+        if is_table and slot in self.spec.row_wise_slots:
+            return [shape[0], 1]
+        return shape
 
     def _slot_initial_value(self, slot: str) -> float:
         return 0.0
@@ -262,10 +283,65 @@ class Adam(Optimizer):
         variable.scatter_sub(tf.IndexedSlices(update, indices))
 
 
+class RowwiseAdagrad(Adagrad):
+    """Row-wise Adagrad on embedding tables, element-wise Adagrad on dense weights.
+
+    A table row u keeps one accumulator (slot [rows, 1]) instead of one per
+    element, so the state costs 1/D of the table: with G[u] the row's gradient
+    summed over the step's occurrences of u, acc[u] += mean over the row's D
+    values of G[u]^2; w[u] -= lr * G[u] / (sqrt(acc[u]) + epsilon). FBGEMM's
+    and TorchRec's (exact) row-wise Adagrad, which their users pair with a dense
+    Adagrad for the MLPs, as here: a dense weight's accumulator is its shape.
+
+    A column-wise shard averages over its own columns only (its accumulator is
+    the shard's, as each column shard is its own table in TorchRec), so a table
+    split by columns trains differently from the whole table.
+    """
+
+    spec = ROWWISE_ADAGRAD
+
+    def _apply_dense(self, variable, gradient, lr, slots):  # type: ignore[no-untyped-def]
+        accumulator = slots["accumulator"]
+        if accumulator.shape == variable.shape:  # a dense weight
+            super()._apply_dense(variable, gradient, lr, slots)
+            return
+        # A whole table given a dense gradient: every row is a looked-up row.
+        _check_row_wise(variable, accumulator)
+        total = accumulator + tf.reduce_mean(tf.square(gradient), axis=1, keepdims=True)
+        accumulator.assign(total)
+        variable.assign_sub(gradient * (lr / (tf.sqrt(total) + self.epsilon)))
+
+    def _apply_sparse(self, variable, gradient, lr, slots):  # type: ignore[no-untyped-def]
+        accumulator = slots["accumulator"]
+        _check_row_wise(variable, accumulator)
+        indices, values = _deduplicate(gradient)
+        # The kernel's arithmetic: the row's mean square, then one step size a row.
+        total = tf.gather(accumulator, indices) + tf.reduce_mean(
+            tf.square(values), axis=1, keepdims=True
+        )
+        accumulator.scatter_update(tf.IndexedSlices(total, indices))
+        step = values * (lr / (tf.sqrt(total) + self.epsilon))
+        variable.scatter_sub(tf.IndexedSlices(step, indices))
+
+
+def _check_row_wise(variable: Any, accumulator: Any) -> None:
+    """ValueError unless `accumulator` is the [rows, 1] slot of table `variable`."""
+    expected = [variable.shape[0], 1]
+    if variable.shape.rank != 2 or accumulator.shape.as_list() != expected:
+        raise ValueError(
+            f"rowwise_adagrad: {variable_name(variable)} {variable.shape.as_list()} has an "
+            f"accumulator of shape {accumulator.shape.as_list()}, expected {expected}; "
+            "a table's slots are row-wise when it is built as one (`build(..., tables=...)`)"
+        )
+
+
+OPTIMIZER_CLASSES: tuple[type[Optimizer], ...] = (Sgd, Adagrad, Adam, RowwiseAdagrad)
+
+
 def optimizer_class(name: str) -> type[Optimizer]:
     """The optimizer an `--optimizer` value names; ValueError naming the flag."""
     spec = optimizer_spec(name)
-    return next(cls for cls in (Sgd, Adagrad, Adam) if cls.spec == spec)
+    return next(cls for cls in OPTIMIZER_CLASSES if cls.spec == spec)
 
 
 def create_optimizer(name: str) -> Optimizer:

@@ -152,7 +152,7 @@ class Trainer:
         model.build_all()
         self.dense_variables = list(model.dense_variables)
         self.embedding_variables = [variable for _, variable in model.embeddings.local_shards()]
-        optimizer.build(self.dense_variables + self.embedding_variables)
+        optimizer.build(self.dense_variables, tables=self.embedding_variables)
         # Batches consumed: drives the schedule and the data position on resume.
         self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
         # Where the learning-rate schedule stood at step 0: a warm start's checkpoint's

@@ -1,5 +1,6 @@
 """DlrmEmbeddingApply (dlrm/kernels/embedding_apply.cc) against a numpy reference of
-its semantics, and against dlrm/optim/optimizers.py's TensorFlow path."""
+its semantics, and against dlrm/optim/optimizers.py's TensorFlow path, for every
+optimizer (row-wise Adagrad's one accumulator a row among them)."""
 
 from __future__ import annotations
 
@@ -11,9 +12,15 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from dlrm.optim.optimizers import Adagrad, Adam, Optimizer, Sgd
+from dlrm.optim.optimizers import Adagrad, Adam, Optimizer, RowwiseAdagrad, Sgd
 
-SLOT_NAMES = {"sgd": (), "adagrad": ("accumulator",), "adam": ("m", "v")}
+SLOT_NAMES = {
+    "sgd": (),
+    "adagrad": ("accumulator",),
+    "adam": ("m", "v"),
+    "rowwise_adagrad": ("accumulator",),
+}
+OPTIMIZERS = list(SLOT_NAMES)
 EPSILON, BETA_1, BETA_2 = 1e-7, 0.9, 0.999
 # Adam at its third step: the bias correction is not 1 - beta.
 BETA_POWERS = (BETA_1**3, BETA_2**3)
@@ -54,6 +61,8 @@ def _initial_slots(
 ) -> list[np.ndarray]:
     if optimizer == "adagrad":
         return [rng.uniform(0.1, 1.0, shape).astype(np.float32)]
+    if optimizer == "rowwise_adagrad":  # one accumulator a row
+        return [rng.uniform(0.1, 1.0, (shape[0], 1)).astype(np.float32)]
     if optimizer == "adam":  # m of either sign, v >= 0
         return [
             rng.normal(0, 0.1, shape).astype(np.float32),
@@ -142,6 +151,9 @@ def reference(case: Case, gradients: list[np.ndarray], beta_powers: tuple[float,
             elif case.optimizer == "adagrad":
                 slots[t][0][u] += g * g
                 table[u] -= lr * g / (np.sqrt(slots[t][0][u]) + EPSILON)
+            elif case.optimizer == "rowwise_adagrad":
+                slots[t][0][u] += np.mean(g * g)
+                table[u] -= lr * g / (np.sqrt(slots[t][0][u]) + EPSILON)
             else:
                 m, v = slots[t]
                 m[u] = BETA_1 * m[u] + (1 - BETA_1) * g
@@ -216,7 +228,7 @@ def _check_against_reference(
             assert not np.array_equal(value[touched[t]], initial[touched[t]]), message
 
 
-@pytest.mark.parametrize("optimizer", ["sgd", "adagrad", "adam"])
+@pytest.mark.parametrize("optimizer", OPTIMIZERS)
 @pytest.mark.parametrize("id_dtype", [tf.int32, tf.int64], ids=["int32", "int64"])
 @pytest.mark.parametrize("dtype", [tf.float32, tf.bfloat16], ids=["float32", "bfloat16"])
 def test_matches_the_reference(
@@ -225,7 +237,7 @@ def test_matches_the_reference(
     _check_against_reference(library, _two_tables(optimizer), dtype, id_dtype)
 
 
-@pytest.mark.parametrize("optimizer", ["sgd", "adagrad", "adam"])
+@pytest.mark.parametrize("optimizer", OPTIMIZERS)
 def test_a_partial_table_skips_the_ids_of_other_shards(library: Any, optimizer: str) -> None:
     """Table 1 holds global rows [11, 22) of a 33-row table; table 0 rows [0, 23)."""
     case, rng = _tables_case(optimizer, [23, 11], [7, 5], 1, offsets=[0, 11], partial=[True, True])
@@ -238,7 +250,7 @@ def test_a_partial_table_skips_the_ids_of_other_shards(library: Any, optimizer: 
     _check_against_reference(library, case)
 
 
-@pytest.mark.parametrize("optimizer", ["sgd", "adagrad", "adam"])
+@pytest.mark.parametrize("optimizer", OPTIMIZERS)
 def test_a_large_multi_hot_table_shared_among_threads(library: Any, optimizer: str) -> None:
     """More ids than one thread's share: the table's rows are split among threads
     (SGD's too, grouped first)."""
@@ -252,7 +264,7 @@ def test_a_large_multi_hot_table_shared_among_threads(library: Any, optimizer: s
     _check_against_reference(library, case)
 
 
-@pytest.mark.parametrize("optimizer", ["sgd", "adagrad", "adam"])
+@pytest.mark.parametrize("optimizer", OPTIMIZERS)
 def test_a_table_far_larger_than_its_ids(library: Any, optimizer: str) -> None:
     """Over 16 rows an id: the rows are grouped by hashing, not counted over the
     whole table."""
@@ -312,7 +324,7 @@ def test_no_pieces_change_nothing(library: Any) -> None:
 def _tensorflow_path(optimizer: Optimizer, case: Case) -> list[tf.Variable]:
     """dlrm/optim/optimizers.py's `_apply_sparse` of each table's IndexedSlices."""
     tables = [tf.Variable(t, name=f"table{i}") for i, t in enumerate(case.tables)]
-    optimizer.build(tables)
+    optimizer.build([], tables=tables)
     optimizer.iterations.assign(2)  # Adam's third step: BETA_POWERS
     for t, table in enumerate(tables):
         slots = optimizer.slots(table)
@@ -330,7 +342,12 @@ def _tensorflow_path(optimizer: Optimizer, case: Case) -> list[tf.Variable]:
 
 @pytest.mark.parametrize(
     ("optimizer", "make"),
-    [("sgd", Sgd), ("adagrad", Adagrad), ("adam", lambda: Adam(BETA_1, BETA_2, EPSILON))],
+    [
+        ("sgd", Sgd),
+        ("adagrad", Adagrad),
+        ("adam", lambda: Adam(BETA_1, BETA_2, EPSILON)),
+        ("rowwise_adagrad", RowwiseAdagrad),
+    ],
 )
 def test_agrees_with_the_optimizers_tensorflow_path(
     library: Any, optimizer: str, make: Any
@@ -439,6 +456,11 @@ ERRORS: dict[str, tuple[Callable[[tf.Variable, list[tf.Variable]], dict[str, Any
     "a slot of another shape": (
         lambda table, alive: {"slots": [_kept(alive, tf.zeros([23, 6])).handle]},
         r"slots\[0\] \(accumulator of table 0\) is \[23,6\]: expected its table's shape \[23,7\]",
+    ),
+    "a row-wise slot of its table's shape": (
+        lambda table, alive: {"optimizer": "rowwise_adagrad"},
+        r"slots\[0\] \(accumulator of table 0\) is \[23,7\]: expected one value per row of its "
+        r"table \[23,1\]",
     ),
     "a float64 table": (
         lambda table, alive: {"tables": [_kept(alive, tf.zeros([23, 7], tf.float64)).handle]},

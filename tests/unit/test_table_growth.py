@@ -161,6 +161,21 @@ def test_growth_on_two_ranks_where_a_table_changes_sharding_kind(
     assert after[0] != ShardingKind.DATA_PARALLEL
 
 
+def test_row_wise_slots_grow_with_their_tables(days: dict[str, Path], tmp_path: Path) -> None:
+    """Row-wise Adagrad's [rows, 1] accumulators: the old rows' come back, the new
+    rows' start at the initial value, as element-wise slots do."""
+    rowwise = {"optimizer": "rowwise_adagrad"}
+    train(assembled(days["day1"], save_checkpoint_path=str(tmp_path), **rowwise))
+    checkpoint = Checkpoint(list_checkpoints(tmp_path)[-1])
+    s = restored(assembled(days["day2"], **rowwise), checkpoint.path)
+    assert_grown(s, assembled(days["day2"], **rowwise), checkpoint)
+    slots = tables_and_slots(s)
+    for table, rows in enumerate(NEW):
+        (accumulator,) = slots[(table, "accumulator")].values()
+        assert accumulator.shape == (rows, 1)
+        assert (accumulator[OLD[table] :] == np.float32(0.1)).all()
+
+
 def test_warm_start_trains_the_new_day_from_step_zero(
     days: dict[str, Path], day1_checkpoint: Path, tmp_path: Path
 ) -> None:

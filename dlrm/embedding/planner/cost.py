@@ -7,7 +7,7 @@ import dataclasses
 import math
 from collections.abc import Sequence
 
-from dlrm.embedding.planner.types import TableSpec
+from dlrm.embedding.planner.types import TableSpec, state_bytes
 from dlrm.embedding.shard import TableShard
 
 
@@ -46,9 +46,12 @@ def replicated_gradient_exchange(
     )
 
 
-def shard_memory_bytes(shard: TableShard, spec: TableSpec, optimizer_slots: int = 0) -> int:
-    """Bytes of `shard`'s values and optimizer slots."""
-    return shard.elements * spec.dtype_bytes * (1 + optimizer_slots)
+def shard_memory_bytes(
+    shard: TableShard, spec: TableSpec, optimizer_slots: int = 0, row_slots: int = 0
+) -> int:
+    """Bytes of `shard`'s values and optimizer slots: `optimizer_slots` of its
+    shape, `row_slots` of one value per row (a column shard keeps its own)."""
+    return state_bytes(shard.height, shard.width, spec.dtype_bytes, optimizer_slots, row_slots)
 
 
 def shard_lookup_bytes(shard: TableShard, spec: TableSpec) -> int:

@@ -23,6 +23,7 @@ from dlrm.embedding.planner.types import (
     PlanError,
     TableSpec,
     format_bytes,
+    state_bytes,
 )
 from dlrm.embedding.shard import Range, ShardingKind, TableShard
 
@@ -43,6 +44,7 @@ class PlannerConfig:
             (`--row_slice_threshold`).
         strategy: `cost`, `memory_balanced` or `basic` (`--sharding_strategy`).
         optimizer_slots: optimizer values kept per element (Adagrad 1, Adam 2).
+        row_slots: optimizer values kept per table row (row-wise Adagrad 1).
         global_batch_size: the training batch, for the cost of exchanging the
             replicated tables' gradients (`--batch_size`).
     """
@@ -55,6 +57,7 @@ class PlannerConfig:
     strategy: str = "cost"
     optimizer_slots: int = 0
     global_batch_size: int = DEFAULT_GLOBAL_BATCH_SIZE
+    row_slots: int = 0
 
     def __post_init__(self) -> None:
         if self.global_batch_size < 1:
@@ -72,6 +75,8 @@ class PlannerConfig:
             )
         if self.optimizer_slots < 0:
             raise PlanError(f"optimizer slots: expected >= 0, got {self.optimizer_slots}")
+        if self.row_slots < 0:
+            raise PlanError(f"optimizer row slots: expected >= 0, got {self.row_slots}")
 
 
 def _split(size: int, parts: int, unit: int = 1) -> list[Range]:
@@ -103,16 +108,19 @@ def _layout(index: int, spec: TableSpec, config: PlannerConfig, available: int |
 
     `available` is what a rank's budget leaves after the data-parallel tables.
     """
-    n, slots = config.world_size, config.optimizer_slots
+    n, slots, row_slots = config.world_size, config.optimizer_slots, config.row_slots
     whole = (0, spec.rows), (0, spec.dim)
 
+    def bytes_of(rows: int, columns: int) -> int:
+        return state_bytes(rows, columns, spec.dtype_bytes, slots, row_slots)
+
     def fits(rows: int, columns: int) -> bool:
-        return available is None or rows * columns * spec.dtype_bytes * (1 + slots) <= available
+        return available is None or bytes_of(rows, columns) <= available
 
     if n == 1:
         if not fits(spec.rows, spec.dim):
             raise PlanError(
-                f"{spec.describe(index, slots)} does not fit the budget of 1 rank: "
+                f"{spec.describe(index, slots, row_slots)} does not fit the budget of 1 rank: "
                 f"{format_bytes(available or 0)} left after the data-parallel tables"
             )
         return TABLE_WISE, [whole]
@@ -137,10 +145,10 @@ def _layout(index: int, spec: TableSpec, config: PlannerConfig, available: int |
     parts = min(most, max(2, math.ceil(spec.elements / max(config.row_slice_threshold, 1))))
     while parts < most and not fits(math.ceil(spec.rows / parts), spec.dim):
         parts += 1
-    largest = math.ceil(spec.rows / parts) * spec.dim * spec.dtype_bytes * (1 + slots)
+    largest = bytes_of(math.ceil(spec.rows / parts), spec.dim)
     if not fits(math.ceil(spec.rows / parts), spec.dim):
         raise PlanError(
-            f"{spec.describe(index, slots)} does not fit {n} ranks x "
+            f"{spec.describe(index, slots, row_slots)} does not fit {n} ranks x "
             f"{format_bytes(config.memory_budget_bytes or 0)}: split by rows over {parts} "
             f"ranks, a shard needs {format_bytes(largest)}, and a rank has "
             f"{format_bytes(available or 0)} left after the data-parallel tables"
@@ -235,7 +243,9 @@ def _choose_ranks(
     n = config.world_size
     costs = [
         (
-            shard_memory_bytes(shard, tables[shard.table], config.optimizer_slots),
+            shard_memory_bytes(
+                shard, tables[shard.table], config.optimizer_slots, config.row_slots
+            ),
             shard_lookup_bytes(shard, tables[shard.table]),
         )
         for shard in pieces
@@ -284,11 +294,11 @@ def plan_sharding(tables: Sequence[TableSpec], config: PlannerConfig) -> Shardin
             fit the memory budget, or the greedy placement finds no rank for a shard.
     """
     n, slots, budget = config.world_size, config.optimizer_slots, config.memory_budget_bytes
+    row_slots = config.row_slots
     replicated = [n > 1 and spec.elements <= config.data_parallel_threshold for spec in tables]
-    per_rank = sum(s.memory_bytes(slots) for s, r in zip(tables, replicated, strict=True) if r)
-    needed = n * per_rank + sum(
-        s.memory_bytes(slots) for s, r in zip(tables, replicated, strict=True) if not r
-    )
+    sizes = [spec.memory_bytes(slots, row_slots) for spec in tables]
+    per_rank = sum(size for size, r in zip(sizes, replicated, strict=True) if r)
+    needed = n * per_rank + sum(size for size, r in zip(sizes, replicated, strict=True) if not r)
     if budget is not None and per_rank > budget:
         raise PlanError(
             f"the data-parallel tables need {format_bytes(per_rank)} on every rank, more "
@@ -319,5 +329,11 @@ def plan_sharding(tables: Sequence[TableSpec], config: PlannerConfig) -> Shardin
         )
         plans.append(TablePlan(index, kind, tables[index], placed))
     return ShardingPlan(
-        n, config.strategy, tuple(plans), slots, config.global_batch_size, tuple(notes)
+        n,
+        config.strategy,
+        tuple(plans),
+        slots,
+        config.global_batch_size,
+        tuple(notes),
+        row_slots,
     )

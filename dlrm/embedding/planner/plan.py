@@ -91,7 +91,8 @@ class ShardingPlan:
 
     Validated on construction: tables 0..T-1 each exactly once, in order, every
     shard on a rank in [0, world_size), data-parallel tables on every rank.
-    Memory summaries count `optimizer_slots` slots per element; gradient
+    Memory summaries count `optimizer_slots` slots per element and
+    `row_slots` per table row (a column shard keeps its own); gradient
     exchange of replicated tables is costed at `global_batch_size`. `notes` say
     why the planner departed from the thresholds (e.g. to give every rank work).
     """
@@ -102,12 +103,18 @@ class ShardingPlan:
     optimizer_slots: int = 0
     global_batch_size: int = DEFAULT_GLOBAL_BATCH_SIZE
     notes: tuple[str, ...] = ()
+    row_slots: int = 0
 
     def __post_init__(self) -> None:
-        if self.world_size < 1 or self.optimizer_slots < 0 or self.global_batch_size < 1:
+        if (
+            self.world_size < 1
+            or min(self.optimizer_slots, self.row_slots) < 0
+            or self.global_batch_size < 1
+        ):
             raise PlanError(
                 f"world size {self.world_size} (expected >= 1), optimizer slots "
-                f"{self.optimizer_slots} (expected >= 0), global batch size "
+                f"{self.optimizer_slots} and row slots {self.row_slots} (expected >= 0), "
+                f"global batch size "
                 f"{self.global_batch_size} (expected >= 1)"
             )
         if self.strategy not in STRATEGIES:
@@ -174,7 +181,9 @@ class ShardingPlan:
         memory = [0] * self.world_size
         for table in self.tables:
             for shard in table.shards:
-                memory[shard.rank] += shard_memory_bytes(shard, table.spec, self.optimizer_slots)
+                memory[shard.rank] += shard_memory_bytes(
+                    shard, table.spec, self.optimizer_slots, self.row_slots
+                )
         return memory
 
     def lookup_bytes_per_rank(self) -> list[int]:
@@ -230,7 +239,7 @@ class ShardingPlan:
                     for s in t.shards
                 ]
             tables.append(entry)
-        return {
+        data: dict[str, Any] = {
             "world_size": self.world_size,
             "strategy": self.strategy,
             "optimizer_slots": self.optimizer_slots,
@@ -238,6 +247,9 @@ class ShardingPlan:
             "notes": list(self.notes),
             "tables": tables,
         }
+        if self.row_slots:  # absent: none (plans written before row slots existed)
+            data["optimizer_row_slots"] = self.row_slots
+        return data
 
     @classmethod
     def from_dict(
@@ -258,6 +270,7 @@ class ShardingPlan:
                 int(data.get("optimizer_slots", 0)),
                 int(data.get("global_batch_size", DEFAULT_GLOBAL_BATCH_SIZE)),
                 tuple(str(note) for note in data.get("notes", ())),
+                int(data.get("optimizer_row_slots", 0)),
             )
         except PlanError:
             raise

@@ -10,10 +10,11 @@ from dlrm.embedding.planner.types import DATA_PARALLEL, ROW_WISE, TABLE_WISE, fo
 def format_plan(plan: ShardingPlan) -> str:
     """One line per table (its kind, bytes and placement), then one per rank
     (memory, lookup and traffic), then the balance and the planner's notes."""
-    slots = plan.optimizer_slots
+    slots, row_slots = plan.optimizer_slots, plan.row_slots
+    per_row = f" and {row_slots} per row" if row_slots else ""
     lines = [
         f"Sharding plan ({plan.strategy}): {len(plan.tables)} tables on "
-        f"{plan.world_size} ranks, {slots} optimizer slot(s) per element, "
+        f"{plan.world_size} ranks, {slots} optimizer slot(s) per element{per_row}, "
         f"costed at a global batch of {plan.global_batch_size:,}",
         f"{'table':>5}  {'rows':>13}  {'dim':>4}  {'kind':<13}  {'bytes':>10}  placement",
     ]
@@ -33,7 +34,7 @@ def format_plan(plan: ShardingPlan) -> str:
                 else f"r{s.rank}[:, {s.columns[0]}:{s.columns[1]}]"
                 for s in sorted(t.shards, key=lambda s: (s.rows, s.columns))
             )
-        size = format_bytes(t.spec.memory_bytes(slots))
+        size = format_bytes(t.spec.memory_bytes(slots, row_slots))
         shape = f"{t.spec.rows:>13,}  {t.spec.dim:>4}"
         lines.append(f"{t.table:>5}  {shape}  {t.kind.value:<13}  {size:>10}  {placement}")
     memory, lookup = plan.memory_per_rank(), plan.lookup_bytes_per_rank()

@@ -78,12 +78,22 @@ class TableSpec:
     def elements(self) -> int:
         return self.rows * self.dim
 
-    def describe(self, index: int, optimizer_slots: int = 0) -> str:
+    def describe(self, index: int, optimizer_slots: int = 0, row_slots: int = 0) -> str:
         """`table 3 (40,000,000 x 128, 38.1 GiB with 1 optimizer slot(s))`."""
         with_slots = f" with {optimizer_slots} optimizer slot(s)" if optimizer_slots else ""
-        size = format_bytes(self.memory_bytes(optimizer_slots))
+        if row_slots:
+            with_slots += f" with {row_slots} optimizer slot(s) per row"
+        size = format_bytes(self.memory_bytes(optimizer_slots, row_slots))
         return f"table {index} ({self.rows:,} x {self.dim:,}, {size}{with_slots})"
 
-    def memory_bytes(self, optimizer_slots: int = 0) -> int:
+    def memory_bytes(self, optimizer_slots: int = 0, row_slots: int = 0) -> int:
         """Bytes of the whole table with its optimizer slots."""
-        return self.elements * self.dtype_bytes * (1 + optimizer_slots)
+        return state_bytes(self.rows, self.dim, self.dtype_bytes, optimizer_slots, row_slots)
+
+
+def state_bytes(
+    rows: int, columns: int, dtype_bytes: int, optimizer_slots: int = 0, row_slots: int = 0
+) -> int:
+    """Bytes of `rows` x `columns` values with `optimizer_slots` slots of that shape
+    and `row_slots` slots of one value per row ([rows, 1], row-wise Adagrad's)."""
+    return rows * dtype_bytes * (columns * (1 + optimizer_slots) + row_slots)

@@ -48,7 +48,7 @@ from tests.harness.placements import DIM, PLANNER_DATA_PARALLEL_THRESHOLD, plan_
 
 CHUNK_ROWS = 20  # under the chunks variant: 96 rows are 20 x 4 + 16, 48 are 20 x 2 + 8
 CROSS_WIDTHS = (4, 6, 8)  # table t is CROSS_WIDTHS[t % 3] wide under the cross variant
-LEARNING_RATES = {"sgd": 0.5, "adagrad": 0.1, "adam": 0.01}
+LEARNING_RATES = {"sgd": 0.5, "adagrad": 0.1, "adam": 0.01, "rowwise_adagrad": 0.1}
 
 
 def main() -> None:
