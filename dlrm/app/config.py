@@ -40,6 +40,9 @@ from feature_spec.staged import write_file_atomically
 
 MODES = ("train", "eval", "inference", "export")
 SCHEDULE_FROM = ("checkpoint", "zero")
+# How --mode export stores the tables (dlrm.model.export.QUANTIZATIONS, which a
+# test keeps equal: this module imports no TensorFlow).
+QUANTIZATIONS = ("none", "int8")
 
 
 INPUT_MODES = ("model_parallel", "data_parallel")
@@ -121,6 +124,8 @@ class RunConfig:
     # Besides SIGTERM, a signal that stops training at a checkpoint (dlrm.preemption).
     preemption_signal: str | None = None
     saved_model_output_path: str | None = None
+    # The exported tables: float32 as trained ("none"), or row-wise int8.
+    quantize: str = QUANTIZATIONS[0]
     # Inference benchmark
     benchmark_warmup_steps: int = 10
 
@@ -247,6 +252,10 @@ def _check_choices(c: RunConfig) -> None:
         f"--input_mode: expected one of {', '.join(INPUT_MODES)}, got {c.input_mode!r}",
     )
     _require(
+        c.quantize in QUANTIZATIONS,
+        f"--quantize: expected one of {', '.join(QUANTIZATIONS)}, got {c.quantize!r}",
+    )
+    _require(
         len(c.pooling) > 0 and all(p in POOLINGS for p in c.pooling),
         f"--pooling: expected {' or '.join(POOLINGS)}, one for every table or one per table, "
         f"got {','.join(c.pooling)!r}",
@@ -361,6 +370,11 @@ def _check_mode_inputs(c: RunConfig) -> None:
             c.saved_model_output_path is not None,
             "--saved_model_output_path: required for --mode export (where to write it)",
         )
+    _require(
+        c.quantize == QUANTIZATIONS[0] or c.mode == "export",
+        f"--quantize {c.quantize}: only with --mode export (it stores the exported "
+        f"SavedModel's tables), got --mode {c.mode}",
+    )
 
 
 def check_interaction(

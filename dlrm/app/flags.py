@@ -13,7 +13,7 @@ from typing import Any
 
 from absl import flags
 
-from dlrm.app.config import INPUT_MODES, MODES, SCHEDULE_FROM, RunConfig
+from dlrm.app.config import INPUT_MODES, MODES, QUANTIZATIONS, SCHEDULE_FROM, RunConfig
 from dlrm.checkpoint.format import CheckpointError
 from dlrm.checkpoint.reader import Checkpoint
 from dlrm.distributed.preemption import EXIT_PREEMPTED
@@ -305,6 +305,16 @@ flags.DEFINE_string(
 
 
 flags.DEFINE_string("saved_model_output_path", None, "Where --mode export writes the SavedModel.")
+
+
+flags.DEFINE_enum(
+    "quantize",
+    _D("quantize"),
+    list(QUANTIZATIONS),
+    "--mode export only: none: the tables as trained, float32; int8: each table row-wise "
+    "int8 with a float32 scale and offset per row (about a quarter of the bytes), "
+    "dequantized inside the SavedModel's serving function; the same signature.",
+)
 
 
 flags.DEFINE_integer(

@@ -24,6 +24,16 @@ def run_export(config: RunConfig, log: MetricsLog) -> dict[str, Any]:
     model_config = ModelConfig.from_dict(model_values)
     model = Dlrm(model_config, dtype_policy="float32")
     restore_model_weights(model, checkpoint)
-    output = export_saved_model(model, config.saved_model_output_path)
-    log.print(f"exported {checkpoint.path} (step {checkpoint.step}) to {output}")
-    return {"mode": "export", "checkpoint": str(checkpoint.path), "saved_model": str(output)}
+    exported = export_saved_model(model, config.saved_model_output_path, config.quantize)
+    log.print(f"exported {checkpoint.path} (step {checkpoint.step}) to {exported.path}")
+    if exported.quantize != "none":
+        log.print(exported.describe())
+    return {
+        "mode": "export",
+        "checkpoint": str(checkpoint.path),
+        "saved_model": str(exported.path),
+        "quantize": exported.quantize,
+        "tables": exported.tables,
+        "float32_table_bytes": exported.float32_table_bytes,
+        "table_bytes": exported.table_bytes,
+    }
