@@ -26,7 +26,7 @@ import psutil
 from benchmarks.process_tree import tree_memory
 from dataloading.synthetic import generate_split_binary
 from dlrm.app.records import read_records
-from dlrm.model.config import ModelConfig
+from dlrm.model.config import ModelConfig, dense_training_flops
 from tests.harness.processes import REPO, main_py_command, process_env, run
 
 # Precision and compilation settings by name: (--amp, --xla).
@@ -236,35 +236,6 @@ def train_plain(batch: int, variant: str, steps: int, cpus: Sequence[int] = ()) 
     """The plain loop with the default model, `steps` timed steps after one."""
     flags = [f"--batch_size={batch}", f"--steps={steps}", "--warmup=1"]
     return plain_rate(*flags, *variant_flags(variant, plain=True), cpus=cpus)
-
-
-def dense_training_flops(config: ModelConfig) -> float:
-    """Floating-point operations per sample of one training step's dense part.
-
-    Each dense layer costs 2 * fan_in * fan_out multiply-adds forward and twice
-    that backward (gradients of inputs and of weights). The dot interaction's
-    Gram matrix costs 2 * (T + 1)^2 * D forward; a cross layer over width d
-    costs 2 * d * d at full rank, 2 * 2 * d * r at rank r; both likewise
-    tripled. Lookups, activations and the optimizer are memory-bound and not
-    counted.
-    """
-    forward = 0.0
-    width = config.num_numerical
-    for out in config.bottom_mlp_dims:
-        forward += 2 * width * out
-        width = out
-    if config.interaction == "cross":
-        d, r = config.interaction_width, config.cross_layer_projection_dim
-        per_layer = 4 * d * r if 0 < r < d else 2 * d * d
-        forward += config.num_cross_layers * per_layer
-    else:
-        vectors = len(config.cardinalities) + 1
-        forward += 2 * vectors * vectors * config.embedding_dims[0]
-    width = config.interaction_width
-    for out in config.top_mlp_dims:
-        forward += 2 * width * out
-        width = out
-    return 3 * forward
 
 
 def mflop_per_sample() -> float:

@@ -15,7 +15,7 @@ model (13 numerical features, 26 tables x 100,000 x 128, bottom 512-256-128, top
   for 2), and the plain TensorFlow loop of `benchmarks/plain_tf.py` (no project
   code) with the same model and batch, run right after it, with their ratio
   (`alternated`), and the achieved GFLOP/s of each (dense part,
-  `harness.dense_training_flops`) next to the machine's matmul peak measured in
+  `dlrm.model.config.dense_training_flops`) next to the machine's matmul peak measured in
   this run (`benchmarks/targets.py`);
 - where the machine has 16 cores: one process on 2 of them and on 16
   (`benchmarks/cores.py`);

@@ -42,7 +42,6 @@ import tensorflow as tf
 from benchmarks.collective_time import exposed, idle_seconds, timeline_seconds
 from benchmarks.harness import (
     VARIANTS,
-    dense_training_flops,
     parser_for,
     run_checked,
     save,
@@ -55,6 +54,7 @@ from dlrm.app.assembly import AssembledRun, assemble_run, model_config_for
 from dlrm.app.config import RunConfig
 from dlrm.app.reporting import MetricsLog
 from dlrm.distributed.collectives import Collectives, create_collectives
+from dlrm.model.config import dense_training_flops
 from dlrm.train import precision
 from dlrm.train.trainer import Trainer
 from feature_spec import FeatureSpec

@@ -119,3 +119,32 @@ class ModelConfig:
             key: tuple(value) if isinstance(value, list) else value for key, value in values.items()
         }
         return cls(**converted)
+
+
+def dense_training_flops(config: ModelConfig) -> float:
+    """Floating-point operations per sample of one training step's dense part.
+
+    Each dense layer costs 2 * fan_in * fan_out multiply-adds forward and twice
+    that backward (gradients of inputs and of weights). The dot interaction's
+    Gram matrix costs 2 * (T + 1)^2 * D forward; a cross layer over width d
+    costs 2 * d * d at full rank, 2 * 2 * d * r at rank r; both likewise
+    tripled. Lookups, activations and the optimizer are memory-bound and not
+    counted.
+    """
+    forward = 0.0
+    width = config.num_numerical
+    for out in config.bottom_mlp_dims:
+        forward += 2 * width * out
+        width = out
+    if config.interaction == "cross":
+        d, r = config.interaction_width, config.cross_layer_projection_dim
+        per_layer = 4 * d * r if 0 < r < d else 2 * d * d
+        forward += config.num_cross_layers * per_layer
+    else:
+        vectors = len(config.cardinalities) + 1
+        forward += 2 * vectors * vectors * config.embedding_dims[0]
+    width = config.interaction_width
+    for out in config.top_mlp_dims:
+        forward += 2 * width * out
+        width = out
+    return 3 * forward

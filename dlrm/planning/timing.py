@@ -40,7 +40,7 @@ from typing import Any
 from dlrm.app.config import RunConfig
 from dlrm.embedding.planner.plan import ShardingPlan
 from dlrm.embedding.planner.types import DATA_PARALLEL, ROW_WISE
-from dlrm.model.config import ModelConfig
+from dlrm.model.config import ModelConfig, dense_training_flops
 from dlrm.optim.config import optimizer_spec
 from dlrm.planning.memory import (
     ID_BYTES,
@@ -89,33 +89,6 @@ class StepTime:
             "alltoall_intra_host_share": self.intra_host_share,
             "alltoall_inter_host_share": self.inter_host_share,
         }
-
-
-def dense_training_flops(model: ModelConfig) -> float:
-    """Floating-point operations per sample of one training step's dense part
-    (the arithmetic of `benchmarks/harness.py`'s function of the same name).
-
-    Each dense layer costs 2 * fan_in * fan_out forward and twice that backward;
-    the dot interaction's Gram matrix 2 * (T + 1)^2 * D forward; a cross layer over
-    width d 2 * d * d at full rank, 2 * 2 * d * r at rank r; all tripled.
-    """
-    forward = 0.0
-    width = model.num_numerical
-    for out in model.bottom_mlp_dims:
-        forward += 2 * width * out
-        width = out
-    if model.interaction == "cross":
-        d, r = model.interaction_width, model.cross_layer_projection_dim
-        per_layer = 4 * d * r if 0 < r < d else 2 * d * d
-        forward += model.num_cross_layers * per_layer
-    else:
-        vectors = len(model.cardinalities) + 1
-        forward += 2 * vectors * vectors * model.embedding_dims[0]
-    width = model.interaction_width
-    for out in model.top_mlp_dims:
-        forward += 2 * width * out
-        width = out
-    return 3 * forward
 
 
 def _alltoall_seconds(world: World, sent: float, received: float, messages: int) -> float:
