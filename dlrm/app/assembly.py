@@ -139,6 +139,7 @@ def assemble_run(
         use_xla=config.xla,
         use_kernels=resolved.use_kernels,
         on_gpu=resolved.on_gpu,
+        table_dtype=config.embedding_dtype,
     )
     trainer = None
     if config.mode == "train":

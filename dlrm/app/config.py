@@ -46,6 +46,10 @@ QUANTIZATIONS = ("none", "int8")
 
 
 INPUT_MODES = ("model_parallel", "data_parallel")
+# What the embedding tables store (--embedding_dtype); slots stay float32.
+EMBEDDING_DTYPES = ("float32", "bfloat16", "float16")
+# Bytes of one table value in each (the planner's `TableSpec.dtype_bytes`).
+EMBEDDING_DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
 class ConfigError(ValueError):
@@ -79,6 +83,7 @@ class RunConfig:
     # Model
     # One width, or one per table (cross only).
     embedding_dim: tuple[int, ...] = (DEFAULT_EMBEDDING_DIM,)
+    embedding_dtype: str = EMBEDDING_DTYPES[0]
     bottom_mlp_dims: tuple[int, ...] = DEFAULT_BOTTOM_MLP_DIMS
     top_mlp_dims: tuple[int, ...] = DEFAULT_TOP_MLP_DIMS
     interaction: str = INTERACTIONS[0]
@@ -250,6 +255,11 @@ def _check_choices(c: RunConfig) -> None:
     _require(
         c.input_mode in INPUT_MODES,
         f"--input_mode: expected one of {', '.join(INPUT_MODES)}, got {c.input_mode!r}",
+    )
+    _require(
+        c.embedding_dtype in EMBEDDING_DTYPES,
+        f"--embedding_dtype: expected one of {', '.join(EMBEDDING_DTYPES)}, "
+        f"got {c.embedding_dtype!r}",
     )
     _require(
         c.quantize in QUANTIZATIONS,

@@ -13,7 +13,14 @@ from typing import Any
 
 from absl import flags
 
-from dlrm.app.config import INPUT_MODES, MODES, QUANTIZATIONS, SCHEDULE_FROM, RunConfig
+from dlrm.app.config import (
+    EMBEDDING_DTYPES,
+    INPUT_MODES,
+    MODES,
+    QUANTIZATIONS,
+    SCHEDULE_FROM,
+    RunConfig,
+)
 from dlrm.checkpoint.format import CheckpointError
 from dlrm.checkpoint.reader import Checkpoint
 from dlrm.distributed.preemption import EXIT_PREEMPTED
@@ -93,6 +100,15 @@ flags.DEFINE_list(
     [str(d) for d in _D("embedding_dim")],
     "Embedding width: one for every table, or a comma-separated width per table "
     "(--interaction cross only).",
+)
+
+
+flags.DEFINE_enum(
+    "embedding_dtype",
+    _D("embedding_dtype"),
+    list(EMBEDDING_DTYPES),
+    "What the embedding tables store: float32, or bfloat16 or float16 at half the bytes "
+    "(lookups widen, updates round stochastically; optimizer slots stay float32).",
 )
 
 

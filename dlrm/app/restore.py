@@ -10,7 +10,12 @@ import dataclasses
 from dlrm.app.assembly import AssembledRun
 from dlrm.checkpoint.every_rank import restore_on_every_rank
 from dlrm.checkpoint.format import CheckpointError, newest_checkpoint
-from dlrm.checkpoint.model_state import check_model_matches, grown_tables, restore_model_weights
+from dlrm.checkpoint.model_state import (
+    check_model_matches,
+    grown_tables,
+    restore_model_weights,
+    table_dtype_change,
+)
 from dlrm.checkpoint.reader import Checkpoint
 from dlrm.train.state import restore_training_state
 from dlrm.train.trainer import Trainer
@@ -33,7 +38,15 @@ def restore_weights(run: AssembledRun, path: str) -> Checkpoint:
         return checkpoint
 
     checkpoint: Checkpoint = restore_on_every_rank(run.collectives, path, restore)
+    _say_dtype_change(run, checkpoint)
     return checkpoint
+
+
+def _say_dtype_change(run: AssembledRun, checkpoint: Checkpoint) -> None:
+    """Prints how the checkpoint's tables were converted, when they were."""
+    change = table_dtype_change(checkpoint, run.model.embeddings.table_dtype.name)
+    if change is not None:
+        run.log.print(change)
 
 
 def resume_path(run: AssembledRun) -> str | None:
@@ -87,6 +100,7 @@ def restore_for_training(run: AssembledRun) -> TrainingStart:
         return checkpoint, restore_training_state(trainer, checkpoint)
 
     checkpoint, saved_at = restore_on_every_rank(run.collectives, path, restore)
+    _say_dtype_change(run, checkpoint)
     grown = grown_tables(checkpoint, run.model_config.cardinalities)
     if warm_start:  # this run's data from its start
         schedule_step = warm_schedule(trainer, saved_at, config.schedule_from)

@@ -12,7 +12,7 @@ from typing import Any
 
 from dataloading.errors import DatasetError
 from dataloading.files import SplitBinaryFiles
-from dlrm.app.config import RunConfig
+from dlrm.app.config import EMBEDDING_DTYPE_BYTES, RunConfig
 from dlrm.app.reporting import MetricsLog
 from dlrm.distributed.agreement import check_ranks_agree
 from dlrm.distributed.collectives import Collectives
@@ -55,8 +55,9 @@ def plan_for(
 ) -> ShardingPlan:
     """The sharding plan of this run's tables over `world_size` ranks: planned, or
     read from `--sharding_plan` and checked against this run."""
+    bytes_per_value = EMBEDDING_DTYPE_BYTES[config.embedding_dtype]
     tables = [
-        TableSpec(rows=rows, dim=dim, hotness=hotness)
+        TableSpec(rows=rows, dim=dim, hotness=hotness, dtype_bytes=bytes_per_value)
         for rows, dim, hotness in zip(
             model_config.cardinalities,
             model_config.embedding_dims,
@@ -256,4 +257,5 @@ def sharded_embeddings(
         hotness=model_config.hotness,
         pooling=model_config.poolings,
         use_kernels=use_kernels,
+        table_dtype=config.embedding_dtype,
     )

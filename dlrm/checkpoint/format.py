@@ -10,7 +10,10 @@ Layout of `<root>/step_<step:09d>/`:
 - `embeddings/<TableShard.name>.npy` (`table_<t>.rows_<r0>_<r1>.cols_<c0>_<c1>.npy`):
   one file per table shard, and one per optimizer slot of it (`....<slot>.npy`):
   the shard's shape, or [rows, 1] for a row-wise slot (row-wise Adagrad's
-  accumulator, listed under the shard's `row_wise_slots`).
+  accumulator, listed under the shard's `row_wise_slots`). A table's values are
+  stored in its `dtype` (the manifest's, float32 when absent): float16 as
+  `<f2`, bfloat16 as its bits, `<u2`; slots are always float32. Restoring
+  widens to float32, and a variable of another dtype rounds to nearest.
 
 A row-wise slot reshards with the table's rows: row ranges split and join; a
 slice whose columns several column shards held gets the mean of their values
@@ -60,10 +63,17 @@ from dlrm.embedding.shard import (
 )
 
 # 2: the plan leaves out the shards, which the manifest lists under `tables`.
-FORMAT_VERSION = 2
+# 3: a table may store 16-bit values (its `dtype`). A checkpoint of float32
+# tables is still written as 2, which older code reads.
+FORMAT_VERSION = 3
+FLOAT32_TABLES_VERSION = 2
 
 
-READABLE_VERSIONS = (1, 2)
+READABLE_VERSIONS = (1, 2, 3)
+
+
+# What a table's values may be stored as (`StoredTable.dtype`).
+TABLE_DTYPES = ("float32", "bfloat16", "float16")
 
 
 MANIFEST = "manifest.json"
@@ -143,13 +153,17 @@ class StoredTable:
     table: int
     shape: tuple[int, int]
     shards: tuple[StoredShard, ...]
+    dtype: str = "float32"  # of its values (TABLE_DTYPES); slots are float32
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        entry = {
             "index": self.table,
             "shape": list(self.shape),
             "shards": [shard.to_dict() for shard in self.shards],
         }
+        if self.dtype != "float32":
+            entry["dtype"] = self.dtype
+        return entry
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], version: int) -> StoredTable:
@@ -157,6 +171,9 @@ class StoredTable:
         ShardError, KeyError, TypeError or ValueError if `data` is not one."""
         table = int(data["index"])
         rows, columns = (int(n) for n in data["shape"])
+        dtype = str(data.get("dtype", "float32"))
+        if dtype not in TABLE_DTYPES:
+            raise ValueError(f"table {table}: dtype {dtype!r}, expected one of {TABLE_DTYPES}")
         shards = []
         for entry in data["shards"]:
             if version > 1:
@@ -172,7 +189,7 @@ class StoredTable:
                     stored, shard=dataclasses.replace(stored.shard, kind=kind)
                 )
             shards.append(stored)
-        return cls(table, (rows, columns), tuple(shards))
+        return cls(table, (rows, columns), tuple(shards), dtype)
 
     def in_order(self) -> StoredTable:
         """The same table with its shards in (rows, columns) order."""

@@ -115,6 +115,23 @@ def grown_tables(
     return [(t, o, n) for t, (o, n) in enumerate(zip(saved, cardinalities, strict=False)) if o < n]
 
 
+def table_dtype_change(checkpoint: Checkpoint, dtype: str) -> str | None:
+    """A line saying how a restore converts the checkpoint's tables to `dtype`,
+    what this run's tables store (`--embedding_dtype`), or None when they are
+    alike: 16-bit values widen exactly, float32 ones round to nearest."""
+    stored = sorted({checkpoint.table_dtype(t) for t in checkpoint.tables})
+    if stored == [dtype]:
+        return None
+    how = (
+        "widened exactly"
+        if dtype == "float32"
+        else "rounded to nearest on restore"
+        if stored == ["float32"]
+        else "converted (rounded to nearest) on restore"
+    )
+    return f"checkpoint tables are {' and '.join(stored)}, this run stores {dtype}: {how}"
+
+
 def restore_model_weights(model: Dlrm, checkpoint: Checkpoint) -> None:
     """Loads dense weights and embedding tables (not optimizer state) into `model`.
 

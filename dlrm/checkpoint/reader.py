@@ -45,6 +45,7 @@ class _NpyLayout(NamedTuple):
     shape: tuple[int, ...]
     dtype: np.dtype[Any]
     offset: int
+    bfloat16: bool = False  # uint16 holding a bfloat16 table's bits
 
 
 class _Piece(NamedTuple):
@@ -103,7 +104,7 @@ class Checkpoint:
         if version not in READABLE_VERSIONS:
             raise CheckpointError(
                 f"{manifest_path}: format_version {version}, this tool reads "
-                f"{' and '.join(map(str, READABLE_VERSIONS))}"
+                f"{', '.join(map(str, READABLE_VERSIONS[:-1]))} and {READABLE_VERSIONS[-1]}"
             )
         self.tables: Mapping[int, StoredTable] = self._read_tables(version)
         self._verify_reads = verify
@@ -252,6 +253,11 @@ class Checkpoint:
     def table_shape(self, table: int) -> tuple[int, int]:
         return self._table(table).shape
 
+    def table_dtype(self, table: int) -> str:
+        """What the table's values are stored as: float32, bfloat16 or float16
+        (`restore_table_slice` gives float32 whichever)."""
+        return self._table(table).dtype
+
     def is_row_wise_slot(self, table: int, slot: str) -> bool:
         """Whether the table's `slot` is stored one value per row, [rows, 1]
         (row-wise Adagrad's accumulator): a slice of it is [rows, 1]."""
@@ -304,12 +310,13 @@ class Checkpoint:
             raise CheckpointError(f"{path}: unreadable ({error})") from error
         if tuple(shape) != expected:
             raise CheckpointError(f"{path}: shape {tuple(shape)}, the manifest says {expected}")
-        if fortran_order or dtype.kind != "f":
+        bfloat16 = self._table(piece.shard.table).dtype == "bfloat16" and dtype == np.uint16
+        if fortran_order or not (dtype.kind == "f" or bfloat16):
             raise CheckpointError(
                 f"{path}: a {'Fortran-order ' if fortran_order else ''}{dtype} array, "
-                f"expected C-order float32"
+                f"expected C-order float32, float16 or (a bfloat16 table's) uint16"
             )
-        layout = _NpyLayout(tuple(shape), dtype, offset)
+        layout = _NpyLayout(tuple(shape), dtype, offset, bfloat16)
         self._layouts[piece.file] = layout
         return layout
 
@@ -433,6 +440,8 @@ class Checkpoint:
             return
         buffer = np.empty((_length(rows), shard.width), layout.dtype)
         _read_exact(handle, path, offset, buffer)
+        if layout.bfloat16:  # widened: the bits as a float32's high half
+            buffer = (buffer.astype(np.uint32) << np.uint32(16)).view(np.float32)
         source_columns = slice(columns[0] - shard.columns[0], columns[1] - shard.columns[0])
         target_columns = slice(columns[0] - block_origin[1], columns[1] - block_origin[1])
         block[target_rows, target_columns] = buffer[:, source_columns]

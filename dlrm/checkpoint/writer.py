@@ -17,8 +17,10 @@ import numpy as np
 
 from dlrm.checkpoint.format import (
     DENSE_FILE,
+    FLOAT32_TABLES_VERSION,
     FORMAT_VERSION,
     MANIFEST,
+    TABLE_DTYPES,
     CheckpointError,
     RowReader,
     StoredShard,
@@ -44,6 +46,26 @@ def _fsync(path: Path) -> None:
         os.fsync(handle.fileno())
 
 
+def bfloat16_bits(values: np.ndarray) -> np.ndarray:
+    """float32 `values` rounded to nearest (even) bfloat16, as its uint16 bits
+    (exact for values a bfloat16 table widened); NaN stays a quiet NaN."""
+    bits = np.ascontiguousarray(values, np.float32).view(np.uint32)
+    rounded = ((bits + np.uint32(0x7FFF) + ((bits >> 16) & np.uint32(1))) >> 16).astype(np.uint16)
+    nan = np.isnan(values)
+    if nan.any():
+        rounded[nan] = ((bits[nan] >> 16) | np.uint32(0x40)).astype(np.uint16)
+    return rounded
+
+
+def _stored(block: np.ndarray, dtype: str) -> np.ndarray:
+    """A float32 block as a table of `dtype` stores it on disk."""
+    if dtype == "bfloat16":
+        return bfloat16_bits(block)
+    if dtype == "float16":
+        return np.ascontiguousarray(block, np.float16)
+    return block
+
+
 def _write_npy_rows(
     handle: BinaryIO,
     what: str,
@@ -51,17 +73,22 @@ def _write_npy_rows(
     rows: int,
     widths: Sequence[int],
     block_bytes: int,
+    dtype: str = "float32",
 ) -> tuple[dict[str, Any], int]:
     """Writes float32 [rows, width] from `source` as a C-order `.npy` file (the
-    bytes `np.save` writes) in row blocks of about `block_bytes`; returns its
-    sha256 and size, and its width: one of `widths`, the array's or that of the
-    first block a `RowReader` gives."""
+    bytes `np.save` writes) in row blocks of about `block_bytes`, stored as
+    `dtype` (bfloat16 as its bits, uint16); returns its sha256 and size, and its
+    width: one of `widths`, the array's or that of the first block a `RowReader`
+    gives."""
 
     def read(start: int, stop: int) -> np.ndarray:
         if isinstance(source, np.ndarray):
-            return np.ascontiguousarray(source[start:stop], np.float32)
-        return np.ascontiguousarray(source(start, stop), np.float32)
+            block = np.ascontiguousarray(source[start:stop], np.float32)
+        else:
+            block = np.ascontiguousarray(source(start, stop), np.float32)
+        return _stored(block, dtype)
 
+    on_disk = {"float32": np.float32, "bfloat16": np.uint16, "float16": np.float16}[dtype]
     block_rows = max(1, block_bytes // (4 * max(max(widths), 1)))
     first = read(0, min(block_rows, rows))
     width = first.shape[1] if first.ndim == 2 and first.shape[1] in widths else widths[0]
@@ -69,7 +96,7 @@ def _write_npy_rows(
     np.lib.format.write_array_header_1_0(
         header,
         {
-            "descr": np.lib.format.dtype_to_descr(np.dtype(np.float32)),
+            "descr": np.lib.format.dtype_to_descr(np.dtype(on_disk)),
             "fortran_order": False,
             "shape": (rows, width),
         },
@@ -151,10 +178,12 @@ class CheckpointWriter:
         slots: Mapping[str, np.ndarray | RowReader],
         block_bytes: int = ROW_BLOCK_BYTES,
         row_wise_slots: Collection[str] = (),
+        dtype: str = "float32",
     ) -> None:
         """One shard of table `shard.table` (whole shape `table_shape`) and its
-        optimizer slots, stored as float32: values [shard.height, shard.width];
-        each slot that shape or, a row-wise slot, [shard.height, 1].
+        optimizer slots: values [shard.height, shard.width], given in float32 and
+        stored as `dtype` (the table's: float32, bfloat16 or float16); each slot,
+        float32, that shape or, a row-wise slot, [shard.height, 1].
 
         Which slots are row-wise: `row_wise_slots`, and any other whose array
         (or first block) is one column wide on a shard of more.
@@ -166,6 +195,8 @@ class CheckpointWriter:
         """
         if block_bytes < 1:
             raise ValueError(f"block_bytes must be positive, got {block_bytes}")
+        if dtype not in TABLE_DTYPES:
+            raise CheckpointError(f"{shard.name}: dtype {dtype!r}, expected one of {TABLE_DTYPES}")
         table_shape = (int(table_shape[0]), int(table_shape[1]))
         if not shard.fits(table_shape):
             raise CheckpointError(
@@ -190,7 +221,12 @@ class CheckpointWriter:
                 raise CheckpointError(
                     f"{shard.name}: {name} has shape {tuple(array.shape)}, expected {expected}"
                 )
-        entry = self._tables.get(shard.table, StoredTable(shard.table, table_shape, ()))
+        entry = self._tables.get(shard.table, StoredTable(shard.table, table_shape, (), dtype))
+        if entry.dtype != dtype:
+            raise CheckpointError(
+                f"{shard.name}: table dtype {dtype}, an earlier shard of table {shard.table} "
+                f"said {entry.dtype}"
+            )
         if entry.shape != table_shape:
             raise CheckpointError(
                 f"{shard.name}: table shape {list(table_shape)}, an earlier shard of table "
@@ -203,7 +239,13 @@ class CheckpointWriter:
             relative = files[name]
             with (self.staging / relative).open("wb") as handle:
                 checksum, width = _write_npy_rows(
-                    handle, f"{shard.name} {name}", source, shard.height, widths[name], block_bytes
+                    handle,
+                    f"{shard.name} {name}",
+                    source,
+                    shard.height,
+                    widths[name],
+                    block_bytes,
+                    dtype if name == "values" else "float32",
                 )
             self._written(relative, checksum)
             if name != "values" and (name in row_wise_slots or width != shard.width):
@@ -267,6 +309,11 @@ class CheckpointWriter:
                         f"{self.staging}: ranks wrote table {table} with shapes "
                         f"{list(merged.shape)} and {list(entry.shape)}"
                     )
+                if merged.dtype != entry.dtype:
+                    raise CheckpointError(
+                        f"{self.staging}: ranks wrote table {table} as {merged.dtype} and "
+                        f"{entry.dtype}"
+                    )
                 tables[table] = dataclasses.replace(merged, shards=merged.shards + entry.shards)
         stored = [tables[t].in_order() for t in sorted(tables)]
         for entry in stored:
@@ -274,8 +321,9 @@ class CheckpointWriter:
                 check_disjoint(entry.table, entry.shape, [s.shard for s in entry.shards])
             except ShardError as error:
                 raise CheckpointError(f"{self.staging}: {error}") from error
+        sixteen_bit = any(entry.dtype != "float32" for entry in stored)
         manifest = {
-            "format_version": FORMAT_VERSION,
+            "format_version": FORMAT_VERSION if sixteen_bit else FLOAT32_TABLES_VERSION,
             "step": self.step,
             **fields,
             "tables": [entry.to_dict() for entry in stored],

@@ -41,7 +41,8 @@ _INT32_ROWS = int(np.iinfo(np.int32).max)
 
 
 def gather_rows(variable: Any, ids: tf.Tensor) -> tf.Tensor:
-    """Rows `ids` of a tf.Variable [rows, D]: [*ids.shape, D], differentiable
+    """Rows `ids` of a tf.Variable [rows, D]: [*ids.shape, D] float32 (a 16-bit
+    table's widened), differentiable
     with respect to the variable as `tf.IndexedSlices` (the rows looked up).
 
     Tables of more than 2^31 - 1 rows cannot use `tf.gather`'s gradient: it builds
@@ -52,8 +53,11 @@ def gather_rows(variable: Any, ids: tf.Tensor) -> tf.Tensor:
     """
     rows = variable.shape[0]
     if rows is not None and rows <= _INT32_ROWS:
-        return tf.gather(variable, ids)
-    return _gather_with_int64_shape(variable, ids)
+        found = tf.gather(variable, ids)
+    else:
+        found = _gather_with_int64_shape(variable, ids)
+    # A 16-bit table's rows, widened after the gather (exact).
+    return found if found.dtype == tf.float32 else tf.cast(found, tf.float32)
 
 
 def _gather_with_int64_shape(variable: Any, ids: tf.Tensor) -> tf.Tensor:
@@ -110,8 +114,9 @@ def pool(sums: tf.Tensor, ids: Any, pooling: str) -> tf.Tensor:
 
 
 def fused_lookup(variables: Sequence[Any], ids: tf.Tensor, output_dtype: Any) -> tf.Tensor:
-    """Row ids[:, t] of every table t side by side: [B, sum of D_t] in
-    `output_dtype`, for one-hot ids [B, T] (int32 or int64). One op of the
+    """Row ids[:, t] of every table t (float32, bfloat16 or float16, widened)
+    side by side: [B, sum of D_t] in `output_dtype`, for one-hot ids [B, T]
+    (int32 or int64). One op of the
     project's CPU kernels (`DlrmEmbeddingLookup`; RuntimeError when not built);
     differentiable with respect to the tables, as one `tf.gather` per table."""
     tables = [resource_variable(v) for v in variables]
@@ -134,18 +139,21 @@ def assign_rows(variable: Any, start: int, values: np.ndarray) -> None:
     buffer shared, so the next sliced assign copies the whole table; the raw op
     on the handle does not.
     """
-    # int64 bounds: a table may have more than 2^31 rows.
+    # int64 bounds: a table may have more than 2^31 rows. A 16-bit table's
+    # float32 values are rounded to nearest (even).
+    resource = resource_variable(variable)
     tf.raw_ops.ResourceStridedSliceAssign(
-        ref=resource_variable(variable).handle,
+        ref=resource.handle,
         begin=tf.constant([start, 0], tf.int64),
         end=tf.constant([start + len(values), values.shape[1]], tf.int64),
         strides=tf.constant([1, 1], tf.int64),
-        value=values,
+        value=tf.cast(values, resource.dtype),
     )
 
 
 def read_rows(variable: Any, start: int, stop: int) -> np.ndarray:
-    """A copy of variable[start:stop], [stop - start, D] float32.
+    """A copy of variable[start:stop], [stop - start, D] float32 (a 16-bit
+    table's widened, exactly).
 
     A gather of the int64 row range: reading the variable (`variable[a:b]`,
     `.numpy()`) copies the whole table once sparse updates have put it in
@@ -154,12 +162,13 @@ def read_rows(variable: Any, start: int, stop: int) -> np.ndarray:
     """
     handle = resource_variable(variable).handle
     rows = tf.range(start, stop, dtype=tf.int64)
-    values = tf.raw_ops.ResourceGather(resource=handle, indices=rows, dtype=tf.float32)
-    return np.asarray(values.numpy())
+    dtype = resource_variable(variable).dtype
+    values = tf.raw_ops.ResourceGather(resource=handle, indices=rows, dtype=dtype)
+    return np.asarray(tf.cast(values, tf.float32).numpy())
 
 
 class Embeddings(keras.layers.Layer):
-    """Base of the embeddings layers: float32 tables [rows_t, D_t].
+    """Base of the embeddings layers: tables [rows_t, D_t] of `table_dtype`.
 
     Args:
         cardinalities, dims, hotness: per table; hotness 0 is a variable number
@@ -172,11 +181,16 @@ class Embeddings(keras.layers.Layer):
             are cast before they are put side by side, so that the step's
             largest activation and its gradient are 16-bit and never also held
             in float32 (a 1-process bfloat16 step of the default model at batch
-            65536 peaked at 3.8 GiB instead of 5.7); the tables stay float32.
+            65536 peaked at 3.8 GiB instead of 5.7); the tables keep
+            `table_dtype`.
         use_kernels: the project's CPU kernels (`dlrm.kernels`; the caller
             checks that they are loaded and that the model runs on CPUs):
             `DlrmEmbeddingApply` updates the tables, and where a layer has one,
             a kernel looks ids up (`fused_lookup`).
+        table_dtype: what the tables (and their shards) store: float32, or
+            bfloat16 or float16 at half the bytes (`--embedding_dtype`); lookups
+            widen to float32, updates compute in float32 and round
+            stochastically (`dlrm.embedding.update`). Slots stay float32.
     """
 
     def __init__(
@@ -188,6 +202,7 @@ class Embeddings(keras.layers.Layer):
         pooling: Sequence[str] | None = None,
         output_dtype: Any = tf.float32,
         use_kernels: bool = False,
+        table_dtype: Any = tf.float32,
         **kwargs: Any,
     ) -> None:
         kwargs.setdefault("name", "embeddings")
@@ -211,6 +226,11 @@ class Embeddings(keras.layers.Layer):
             raise ValueError(
                 f"output_dtype: expected float32, bfloat16 or float16, got {output_dtype}"
             )
+        self.table_dtype = tf.as_dtype(table_dtype)
+        if self.table_dtype not in (tf.float32, tf.bfloat16, tf.float16):
+            raise ValueError(
+                f"table_dtype: expected float32, bfloat16 or float16, got {table_dtype}"
+            )
 
     def create_shard_variable(self, shard: TableShard) -> Any:
         """The shard's tf.Variable, filled with its initial values in row blocks,
@@ -221,7 +241,7 @@ class Embeddings(keras.layers.Layer):
             shape=(shard.height, shard.width),
             initializer="zeros",
             name=shard.name.replace(".", "_"),
-            dtype="float32",
+            dtype=self.table_dtype.name,
         )
         step = max(1, ROW_BLOCK_BYTES // (4 * shard.width))
         for start in range(0, shard.height, step):
@@ -302,6 +322,7 @@ class Embeddings(keras.layers.Layer):
             learning_rate,
             gradient_scale,
             use_kernels=self.use_kernels,
+            seed=self.seed,
         )
 
     def call(self, ids: Any, local_rows: Any = None) -> tf.Tensor:

@@ -23,7 +23,7 @@ from dlrm.embedding.update import pooled_piece
 
 
 class LocalEmbeddings(Embeddings):
-    """One float32 variable [rows_t, D_t] per table, on this process.
+    """One variable [rows_t, D_t] per table (`table_dtype`), on this process.
 
     Initialised by `initial_table_values` (uniform in +-sqrt(1 / rows), as the
     reference DLRM). Multi-hot rows are pooled by sum or mean (`pooling`, per

@@ -11,6 +11,11 @@ row-wise Adagrad to that row in place, for every shard of the process at once
 `piece_slices` turns each piece into the row-sparse `tf.IndexedSlices` that
 TensorFlow's own gather gradient would give, and the optimizer's TensorFlow ops
 apply them (`Optimizer.apply_rows`): the same computation, slower.
+
+A 16-bit table (bfloat16 or float16) is updated in float32 and stored back with
+stochastic rounding, on either path with the same random bits: a hash of (the
+run's `seed`, the optimizer's step, the table, the row's global id, the column's
+global index; `dlrm.optim.rounding`).
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ import tensorflow as tf
 from dlrm import kernels
 from dlrm.embedding.shard import ShardingKind, TableShard
 from dlrm.optim.optimizers import Optimizer
+from dlrm.optim.rounding import RowRounding
 from dlrm.variables import resource_variable
 
 
@@ -98,23 +104,26 @@ def apply_pieces(
     learning_rate: tf.Tensor,
     gradient_scale: tf.Tensor | None = None,
     use_kernels: bool = False,
+    seed: int = 0,
 ) -> None:
     """One optimizer step on the rows the pieces name, of the `shards`' variables
     (`local_shards()`). Each row's gradient is summed over its ids and pieces
     first, and the row is updated once; rows no piece names keep their values
     and slots. `gradient_scale` multiplies every gradient (one over the float16
-    loss scale)."""
+    loss scale). `seed` keys the stochastic rounding of 16-bit tables."""
     if not pieces:
         return
     if use_kernels:
-        _apply_with_kernel(pieces, shards, optimizer, learning_rate, gradient_scale)
+        _apply_with_kernel(pieces, shards, optimizer, learning_rate, gradient_scale, seed)
         return
     by_target: dict[int, list[Any]] = {}
     for piece in pieces:
         shard = shards[piece.target][0]
         by_target.setdefault(piece.target, []).append(piece_slices(piece, shard, gradient_scale))
     for target, slices in by_target.items():
-        optimizer.apply_rows(shards[target][1], concatenated_slices(slices), learning_rate)
+        shard, variable = shards[target]
+        rounding = RowRounding(seed, shard.table, shard.rows[0], shard.columns[0])
+        optimizer.apply_rows(variable, concatenated_slices(slices), learning_rate, rounding)
 
 
 def concatenated_slices(slices: list[tf.IndexedSlices]) -> tf.IndexedSlices:
@@ -136,6 +145,7 @@ def _apply_with_kernel(
     optimizer: Optimizer,
     learning_rate: tf.Tensor,
     gradient_scale: tf.Tensor | None,
+    seed: int,
 ) -> None:
     """`DlrmEmbeddingApply` on every shard a piece names, in one op."""
     targets = sorted({piece.target for piece in pieces})
@@ -159,9 +169,13 @@ def _apply_with_kernel(
         gradient_scale=tf.constant(1.0) if gradient_scale is None else gradient_scale,
         beta_1_power=beta_1_power,
         beta_2_power=beta_2_power,
+        step=tf.convert_to_tensor(optimizer.iterations, tf.int64),
         piece_tables=[position[p.target] for p in pieces],
         piece_columns=[p.column for p in pieces],
         row_offsets=[shards[t][0].rows[0] for t in targets],
         partial=[shards[t][0].kind == ShardingKind.ROW_WISE for t in targets],
+        seed=seed,
+        table_ids=[shards[t][0].table for t in targets],
+        column_offsets=[shards[t][0].columns[0] for t in targets],
         **rule,
     )

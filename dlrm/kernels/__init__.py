@@ -10,14 +10,15 @@ TensorFlow's CPU kernels run some of DLRM's ops far below the machine's speed
   infinity, one pass over their bits (the trainer's check of the gradients).
 - `DlrmEmbeddingLookup` (`embedding_lookup.cc`): every table's one-hot lookup
   written straight into the [B, sum of D] vectors: no concatenation of 26
-  lookups.
+  lookups; float32, bfloat16 or float16 tables, widened.
 - `DlrmEmbeddingApply` (`embedding_apply.cc`): one SGD, Adagrad, lazy Adam or row-wise Adagrad
   step on the looked-up rows of many tables (row-range shards among them),
   read straight from the gradients of the lookups' outputs, each table's part
   of a gradient a "piece" (`dlrm.embedding.update`): no split of the vectors'
   gradient per table; duplicate ids summed once in float32, the tables and
   their rows shared among threads, copy-on-read as TensorFlow's own sparse
-  updates (with its public helpers, `training_op_helpers.h`).
+  updates (with its public helpers, `training_op_helpers.h`); a 16-bit table's
+  rows updated in float32 and stored with stochastic rounding (`rounding.h`).
 
 `make install` compiles them with the system's g++ against the installed
 TensorFlow's headers (`python -m dlrm.kernels`, about 15 s) into
@@ -63,7 +64,7 @@ SOURCES = tuple(
     )
 )
 # Included by the sources: part of the fingerprint, not compiled on their own.
-HEADERS = (Path(__file__).with_name("bfloat16.h"),)
+HEADERS = (Path(__file__).with_name("bfloat16.h"), Path(__file__).with_name("rounding.h"))
 # The C++ compiler: $CXX, else g++.
 COMPILER_ENV = "CXX"
 # -O3: the kernels' SIMD arithmetic is written with GCC vector types. The warnings

@@ -10,16 +10,17 @@
 // into a row's worth of float32, and the row's weights and slots are updated in
 // the same pass, on all the intra-op threads.
 //
-// DlrmEmbeddingApply inputs: tables (float32 [rows_t, D_t] resource
-// variables), slots (table-major: none for sgd, [accumulator] for adagrad,
-// [m, v] for adam, each of its table's shape; [accumulator] of shape [rows_t, 1]
-// for rowwise_adagrad), and per piece (one table's part
-// of one gradient tensor; pieces may share a tensor): ids ([n_p], global ids of
+// DlrmEmbeddingApply inputs: tables ([rows_t, D_t] resource variables, float32,
+// bfloat16 or float16), slots (float32 whatever the table's dtype; table-major:
+// none for sgd, [accumulator] for adagrad, [m, v] for adam, each of its table's
+// shape; [accumulator] of shape [rows_t, 1] for rowwise_adagrad), and per piece
+// (one table's part of one gradient tensor; pieces may share a tensor): ids ([n_p], global ids of
 // table piece_tables[p]), rows ([n_p] int32: the row of gradients[p] that holds
 // each id's gradient), gradients ([B_p, C_p] float32 or bfloat16; the table's
 // D_t columns start at piece_columns[p]), row_scales ([B_p], or [0] for all 1);
 // then learning_rate, gradient_scale, beta_1_power and beta_2_power (float32
-// scalars; the powers are Adam's bias correction at this step). A table's
+// scalars; the powers are Adam's bias correction at this step), and step
+// (int64: the optimizer's, for the random bits of 16-bit tables). A table's
 // variable holds the rows [row_offsets[t], row_offsets[t] + rows_t) of its ids
 // (a row-range shard): on a partial table ids outside are skipped, on another
 // they are an error.
@@ -34,6 +35,12 @@
 // SGD, which is linear, applies a table's occurrences
 // one after the other when the table stays on one thread (the same update up
 // to rounding, without the grouping).
+//
+// A 16-bit table's row is widened to float32, updated as above, and stored
+// back with stochastic rounding (rounding.h): the random bits hash (seed, step,
+// table_ids[t], the row's global id, column_offsets[t] + its column), so that
+// a run repeats bit for bit on any threads and any ranks. Its rows are always
+// grouped (rounded once per step).
 //
 // All ids and rows are checked before any variable changes: an error leaves
 // every table and slot as it was.
@@ -69,6 +76,8 @@
 #include "tensorflow/core/framework/shape_inference.h"
 #include "tensorflow/core/kernels/training_op_helpers.h"
 #include "tensorflow/core/util/work_sharder.h"
+
+#include "rounding.h"
 
 namespace dlrm {
 namespace {
@@ -244,6 +253,10 @@ struct Attributes {
   std::vector<int64_t> piece_tables, piece_columns, row_offsets;
   std::vector<bool> partial;
   float epsilon = 0, beta_1 = 0, beta_2 = 0;
+  // Stochastic rounding of 16-bit tables: the run's seed, each table's index in
+  // the model and its first column in the whole table (empty: t and 0).
+  int64_t seed = 0;
+  std::vector<int64_t> table_ids, column_offsets;
 };
 
 // Reads and checks the attrs; from the shape function (graph construction) and
@@ -262,6 +275,13 @@ Status ReadAttributes(Context* c, Attributes* a) {
   TF_RETURN_IF_ERROR(c->GetAttr("epsilon", &a->epsilon));
   TF_RETURN_IF_ERROR(c->GetAttr("beta_1", &a->beta_1));
   TF_RETURN_IF_ERROR(c->GetAttr("beta_2", &a->beta_2));
+  TF_RETURN_IF_ERROR(c->GetAttr("seed", &a->seed));
+  TF_RETURN_IF_ERROR(c->GetAttr("table_ids", &a->table_ids));
+  TF_RETURN_IF_ERROR(c->GetAttr("column_offsets", &a->column_offsets));
+  if (a->table_ids.empty()) {
+    for (int t = 0; t < a->num_tables; ++t) a->table_ids.push_back(t);
+  }
+  if (a->column_offsets.empty()) a->column_offsets.assign(a->num_tables, 0);
   if (optimizer == "sgd") {
     a->optimizer = Optimizer::kSgd, a->slot_names = {};
   } else if (optimizer == "adagrad") {
@@ -292,6 +312,9 @@ Status ReadAttributes(Context* c, Attributes* a) {
       check_length("piece_columns", a->piece_columns.size(), a->num_pieces, "piece"));
   TF_RETURN_IF_ERROR(check_length("row_offsets", a->row_offsets.size(), a->num_tables, "table"));
   TF_RETURN_IF_ERROR(check_length("partial", a->partial.size(), a->num_tables, "table"));
+  TF_RETURN_IF_ERROR(check_length("table_ids", a->table_ids.size(), a->num_tables, "table"));
+  TF_RETURN_IF_ERROR(
+      check_length("column_offsets", a->column_offsets.size(), a->num_tables, "table"));
   for (int p = 0; p < a->num_pieces; ++p) {
     if (a->piece_tables[p] < 0 || a->piece_tables[p] >= a->num_tables) {
       return InvalidArgument(kOp, "piece_tables[", p, "] = ", a->piece_tables[p],
@@ -342,7 +365,11 @@ struct Occurrence {
 };
 
 struct Table {
-  float* weights = nullptr;
+  float* weights = nullptr;  // a float32 table's
+  uint16_t* narrow = nullptr;  // a 16-bit table's (bfloat16 or float16 bits)
+  tensorflow::DataType dtype = tensorflow::DT_FLOAT;
+  uint64_t key = 0;  // of its rounding at this step
+  int64_t column_offset = 0;
   float* slots[2] = {nullptr, nullptr};
   int64_t rows = 0, width = 0, offset = 0;
   int64_t slot_width = 0;  // the table's width, or 1 for row-wise slots
@@ -453,6 +480,12 @@ class EmbeddingApplyOp : public OpKernel {
                                   scalar->shape().DebugString()));
       scalars[i] = scalar->scalar<float>()();
     }
+    const Tensor* step_input;
+    OP_REQUIRES_OK(context, context->input("step", &step_input));
+    OP_REQUIRES(context, step_input->dims() == 0,
+                InvalidArgument(kOp, "expected a scalar step, got shape ",
+                                step_input->shape().DebugString()));
+    const int64_t step = step_input->scalar<int64_t>()();
     std::vector<Piece<T, Index>> pieces(attrs_.num_pieces);
     for (int p = 0; p < attrs_.num_pieces; ++p) {
       OP_REQUIRES_OK(context, ReadPiece(p, ids[p], rows[p], gradients[p], row_scales[p],
@@ -465,16 +498,30 @@ class EmbeddingApplyOp : public OpKernel {
     for (int i = 0; i < num_variables; ++i) {
       OP_REQUIRES_OK(context, tensorflow::LookupResource(
                                   context, tensorflow::HandleFromInput(context, i), &vars[i]));
-      OP_REQUIRES_OK(context, CheckInitializedFloat(vars[i].get(), i));
+      OP_REQUIRES_OK(context, CheckInitialized(vars[i].get(), i));
     }
     OP_REQUIRES_OK(context, CheckDistinct(vars));
+    // Copy-on-read mode for the 16-bit tables, with their own dtype's copy (the
+    // helper below would copy them as float32); it then leaves them be.
+    for (int t = 0; t < num_tables; ++t) {
+      const tensorflow::DataType dtype = vars[t]->tensor()->dtype();
+      if (dtype == tensorflow::DT_BFLOAT16) {
+        OP_REQUIRES_OK(context, tensorflow::EnsureSparseVariableAccess<tensorflow::CPUDevice,
+                                                                        Eigen::bfloat16>(
+                                    context, vars[t].get()));
+      } else if (dtype == tensorflow::DT_HALF) {
+        OP_REQUIRES_OK(context,
+                       tensorflow::EnsureSparseVariableAccess<tensorflow::CPUDevice, Eigen::half>(
+                           context, vars[t].get()));
+      }
+    }
     std::vector<int> inputs(num_variables);
     std::iota(inputs.begin(), inputs.end(), 0);
     const auto locks = tensorflow::MaybeLockVariableInputMutexesInOrder<tensorflow::CPUDevice,
                                                                          float>(
         context, /*do_lock=*/true, /*sparse=*/true, inputs);
     std::vector<Table> tables(num_tables);
-    OP_REQUIRES_OK(context, ReadTables(context, vars, &tables));
+    OP_REQUIRES_OK(context, ReadTables(context, vars, step, &tables));
     int64_t total_cost = 0;
     OP_REQUIRES_OK(context, AddPieces(pieces, &tables, &total_cost));
 
@@ -484,7 +531,7 @@ class EmbeddingApplyOp : public OpKernel {
     const int64_t threads = std::max(workers->num_threads, 1);
     for (Table& table : tables) {
       const int64_t cost = table.ids * std::max<int64_t>(table.width, 1);
-      table.grouped = attrs_.optimizer != Optimizer::kSgd ||
+      table.grouped = attrs_.optimizer != Optimizer::kSgd || table.narrow != nullptr ||
                       (table.ids >= 2 * kMinShare && cost * threads > total_cost);
     }
 
@@ -509,8 +556,8 @@ class EmbeddingApplyOp : public OpKernel {
       const Task& task = tasks[i];
       const Table& table = tables[task.table];
       if (table.grouped) {
-        std::vector<float> sum(max_width);
-        ApplyGroups(table, pieces, task.begin, task.end, constants, sum.data());
+        std::vector<float> sum(max_width), row(table.narrow ? max_width : 0);
+        ApplyGroups(table, pieces, task.begin, task.end, constants, sum.data(), row.data());
       } else {
         ApplyInTurn(table, pieces, constants);
       }
@@ -578,16 +625,19 @@ class EmbeddingApplyOp : public OpKernel {
   // Before the variables are locked together: a dtype the copy-on-read helpers
   // would misread, or no value, is an error. (A resource variable's dtype is
   // fixed, and it stays initialized once it is.)
-  Status CheckInitializedFloat(Var* var, int i) const {
+  Status CheckInitialized(Var* var, int i) const {
     tensorflow::tf_shared_lock lock(*var->mu());
     if (!var->is_initialized) {
       return tensorflow::errors::FailedPrecondition(kOp, VariableName(i),
                                                     " is not initialized");
     }
-    if (var->tensor()->dtype() != tensorflow::DT_FLOAT) {
-      return InvalidArgument(kOp, VariableName(i), " is ",
-                             tensorflow::DataTypeString(var->tensor()->dtype()),
-                             ": expected float32");
+    const tensorflow::DataType dtype = var->tensor()->dtype();
+    const bool table = i < attrs_.num_tables;
+    if (dtype != tensorflow::DT_FLOAT &&
+        !(table && (dtype == tensorflow::DT_BFLOAT16 || dtype == tensorflow::DT_HALF))) {
+      return InvalidArgument(kOp, VariableName(i), " is ", tensorflow::DataTypeString(dtype),
+                             table ? ": expected float32, bfloat16 or float16"
+                                   : ": expected float32");
     }
     return Status();
   }
@@ -611,21 +661,40 @@ class EmbeddingApplyOp : public OpKernel {
   // copy-on-read mode no reader shares the buffer; should one still do (the
   // mode is set before the locks are taken), it is copied first, as
   // TensorFlow's dense updates do.
-  static Status Writable(OpKernelContext* context, Var* var, float** data) {
-    TF_RETURN_IF_ERROR(tensorflow::PrepareToUpdateVariable<tensorflow::CPUDevice, float>(
+  template <typename Stored>
+  static Status Writable(OpKernelContext* context, Var* var, Stored** data) {
+    TF_RETURN_IF_ERROR(tensorflow::PrepareToUpdateVariable<tensorflow::CPUDevice, Stored>(
         context, var->tensor(), /*copy_on_read_mode=*/false));
-    *data = var->tensor()->flat<float>().data();
+    *data = var->tensor()->flat<Stored>().data();
+    return Status();
+  }
+
+  // A table's data: float32 weights, or a 16-bit table's bits.
+  static Status WritableTable(OpKernelContext* context, Var* var, Table* table) {
+    table->dtype = var->tensor()->dtype();
+    if (table->dtype == tensorflow::DT_FLOAT) return Writable(context, var, &table->weights);
+    if (table->dtype == tensorflow::DT_BFLOAT16) {
+      Eigen::bfloat16* data = nullptr;
+      TF_RETURN_IF_ERROR(Writable(context, var, &data));
+      table->narrow = reinterpret_cast<uint16_t*>(data);
+    } else {
+      Eigen::half* data = nullptr;
+      TF_RETURN_IF_ERROR(Writable(context, var, &data));
+      table->narrow = reinterpret_cast<uint16_t*>(data);
+    }
     return Status();
   }
 
   // Under the variables' locks: each table's data, shape and slots.
   Status ReadTables(OpKernelContext* context,
-                    const std::vector<tensorflow::core::RefCountPtr<Var>>& vars,
+                    const std::vector<tensorflow::core::RefCountPtr<Var>>& vars, int64_t step,
                     std::vector<Table>* tables) const {
     const int per_table = static_cast<int>(attrs_.slot_names.size());
     for (int t = 0; t < attrs_.num_tables; ++t) {
       Table& table = (*tables)[t];
-      TF_RETURN_IF_ERROR(Writable(context, vars[t].get(), &table.weights));
+      TF_RETURN_IF_ERROR(WritableTable(context, vars[t].get(), &table));
+      table.key = TableRoundingKey(attrs_.seed, step, attrs_.table_ids[t]);
+      table.column_offset = attrs_.column_offsets[t];
       const Tensor* params = vars[t]->tensor();
       if (params->dims() != 2) {
         return InvalidArgument(kOp, "tables[", t, "] is ", params->shape().DebugString(),
@@ -802,13 +871,17 @@ class EmbeddingApplyOp : public OpKernel {
   // The grouped rows [begin, end) of a table: each one's gradient summed in
   // `sum`, then its weights and slots updated.
   void ApplyGroups(const Table& table, const std::vector<Piece<T, Index>>& pieces,
-                   int64_t begin, int64_t end, const Constants& constants, float* sum) const {
+                   int64_t begin, int64_t end, const Constants& constants, float* sum,
+                   float* row) const {
+    const int64_t stored_bytes = table.narrow ? sizeof(uint16_t) : sizeof(float);
     const int64_t width = table.width;
     const int per_table = static_cast<int>(attrs_.slot_names.size());
     for (int64_t k = begin; k < end; ++k) {
       if (k + kAhead < end) {
         const int64_t ahead = table.unique[k + kAhead];
-        Prefetch(table.weights + ahead * width, width * sizeof(float));
+        Prefetch(table.narrow ? static_cast<const void*>(table.narrow + ahead * width)
+                              : static_cast<const void*>(table.weights + ahead * width),
+                 width * stored_bytes);
         for (int s = 0; s < per_table; ++s) {
           Prefetch(table.slots[s] + ahead * table.slot_width, table.slot_width * sizeof(float));
         }
@@ -828,23 +901,50 @@ class EmbeddingApplyOp : public OpKernel {
       }
       const int64_t at = table.unique[k] * width;
       const int64_t slot_at = table.unique[k] * table.slot_width;
+      float* weights = table.weights + at;
+      if (table.narrow) {  // the row in float32 here, rounded back below
+        weights = row;
+        WidenStored(table.dtype, table.narrow + at, width, row);
+      }
       switch (attrs_.optimizer) {
         case Optimizer::kSgd:
-          AddScaled(table.weights + at, sum, -constants.learning_rate, width);
+          AddScaled(weights, sum, -constants.learning_rate, width);
           break;
         case Optimizer::kAdagrad:
-          AdagradRow(table.weights + at, table.slots[0] + at, sum, constants.learning_rate,
-                     attrs_.epsilon, width);
+          AdagradRow(weights, table.slots[0] + at, sum, constants.learning_rate, attrs_.epsilon,
+                     width);
           break;
         case Optimizer::kAdam:
-          AdamRow(table.weights + at, table.slots[0] + at, table.slots[1] + at, sum,
-                  constants.adam, width);
+          AdamRow(weights, table.slots[0] + at, table.slots[1] + at, sum, constants.adam, width);
           break;
         case Optimizer::kRowwiseAdagrad:
-          RowwiseAdagradRow(table.weights + at, table.slots[0] + slot_at, sum,
-                            constants.learning_rate, attrs_.epsilon, width);
+          RowwiseAdagradRow(weights, table.slots[0] + slot_at, sum, constants.learning_rate,
+                            attrs_.epsilon, width);
           break;
       }
+      if (table.narrow) {
+        const uint64_t row_key = Mix(table.key ^ static_cast<uint64_t>(table.unique[k] +
+                                                                       table.offset));
+        RoundStored(table.dtype, row, width, row_key, table.column_offset, table.narrow + at);
+      }
+    }
+  }
+
+  static void WidenStored(tensorflow::DataType dtype, const uint16_t* in, int64_t width,
+                          float* out) {
+    if (dtype == tensorflow::DT_BFLOAT16) {
+      for (int64_t k = 0; k < width; ++k) out[k] = WidenBfloat16Bits(in[k]);
+    } else {
+      for (int64_t k = 0; k < width; ++k) out[k] = WidenHalfBits(in[k]);
+    }
+  }
+
+  static void RoundStored(tensorflow::DataType dtype, const float* in, int64_t width,
+                          uint64_t row_key, int64_t column_offset, uint16_t* out) {
+    for (int64_t k = 0; k < width; ++k) {
+      const uint64_t hash = Mix(row_key ^ static_cast<uint64_t>(column_offset + k));
+      out[k] = dtype == tensorflow::DT_BFLOAT16 ? RoundBfloat16(in[k], hash)
+                                                : RoundHalf(in[k], hash);
     }
   }
 
@@ -864,6 +964,7 @@ REGISTER_OP("DlrmEmbeddingApply")
     .Input("gradient_scale: float")
     .Input("beta_1_power: float")
     .Input("beta_2_power: float")
+    .Input("step: int64")
     .Attr("optimizer: {'sgd', 'adagrad', 'adam', 'rowwise_adagrad'}")
     .Attr("piece_tables: list(int)")
     .Attr("piece_columns: list(int)")
@@ -872,6 +973,9 @@ REGISTER_OP("DlrmEmbeddingApply")
     .Attr("epsilon: float = 1e-7")
     .Attr("beta_1: float = 0.9")
     .Attr("beta_2: float = 0.999")
+    .Attr("seed: int = 0")
+    .Attr("table_ids: list(int) = []")
+    .Attr("column_offsets: list(int) = []")
     .Attr("num_tables: int >= 1")
     .Attr("num_slots: int >= 0")
     .Attr("num_pieces: int >= 0")
@@ -881,7 +985,7 @@ REGISTER_OP("DlrmEmbeddingApply")
       Attributes attrs;
       TF_RETURN_IF_ERROR(ReadAttributes(c, &attrs));
       tensorflow::shape_inference::ShapeHandle scalar;
-      for (int i = c->num_inputs() - 4; i < c->num_inputs(); ++i) {
+      for (int i = c->num_inputs() - 5; i < c->num_inputs(); ++i) {
         TF_RETURN_IF_ERROR(c->WithRank(c->input(i), 0, &scalar));
       }
       return Status();

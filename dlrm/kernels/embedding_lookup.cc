@@ -9,8 +9,9 @@
 // written once, straight from the tables, and with DlrmEmbeddingApply
 // (embedding_apply.cc), which reads the undivided gradient, neither copy is made.
 //
-// DlrmEmbeddingLookup: tables (N float32 [rows_t, widths[t]] resource
-// variables), ids ([B, N] int32 or int64, column t holding table t's ids) ->
+// DlrmEmbeddingLookup: tables (N [rows_t, widths[t]] resource variables, each
+// float32, bfloat16 or float16: 16-bit rows are widened to float32), ids ([B,
+// N] int32 or int64, column t holding table t's ids) ->
 // [B, widths[0] + ... + widths[N - 1]] (float32 or bfloat16, rounded to nearest
 // even): row b is row ids[b, 0] of table 0, then row ids[b, 1] of table 1, ...
 //
@@ -32,6 +33,7 @@
 #include "tensorflow/core/util/work_sharder.h"
 
 #include "bfloat16.h"
+#include "rounding.h"
 
 namespace dlrm {
 
@@ -50,7 +52,17 @@ namespace shape_inference = tensorflow::shape_inference;
 // the copy waits on memory: the row kLookAhead rows on (in sample-major order) is
 // asked for while this one is copied, one cache line at a time.
 constexpr int64_t kLookAhead = 8;
-constexpr int64_t kLineFloats = 16;
+constexpr int64_t kLineBytes = 64;
+
+// A 16-bit table's row widened into float32.
+inline void WidenRow(tensorflow::DataType dtype, const char* row, int64_t width, float* out) {
+  const uint16_t* bits = reinterpret_cast<const uint16_t*>(row);
+  if (dtype == tensorflow::DT_BFLOAT16) {
+    for (int64_t k = 0; k < width; ++k) out[k] = WidenBfloat16Bits(bits[k]);
+  } else {
+    for (int64_t k = 0; k < width; ++k) out[k] = WidenHalfBits(bits[k]);
+  }
+}
 
 template <typename T, typename Index>
 class EmbeddingLookupOp : public OpKernel {
@@ -73,7 +85,9 @@ class EmbeddingLookupOp : public OpKernel {
     std::vector<tensorflow::core::RefCountPtr<Var>> vars(tables);
     std::vector<tensorflow::tf_shared_lock> locks;
     locks.reserve(tables);
-    std::vector<const float*> data(tables);
+    std::vector<const char*> data(tables);
+    std::vector<tensorflow::DataType> dtypes(tables);
+    std::vector<int64_t> row_bytes(tables);
     std::vector<int64_t> rows(tables), offsets(tables);
     int64_t total = 0;
     for (int t = 0; t < tables; ++t) {
@@ -81,14 +95,18 @@ class EmbeddingLookupOp : public OpKernel {
                                   context, tensorflow::HandleFromInput(context, t), &vars[t]));
       locks.emplace_back(*vars[t]->mu());
       const Tensor* params = vars[t]->tensor();
+      dtypes[t] = params->dtype();
       OP_REQUIRES(context,
-                  params->dtype() == tensorflow::DT_FLOAT && params->dims() == 2 &&
-                      params->dim_size(1) == widths_[t],
+                  (dtypes[t] == tensorflow::DT_FLOAT || dtypes[t] == tensorflow::DT_BFLOAT16 ||
+                   dtypes[t] == tensorflow::DT_HALF) &&
+                      params->dims() == 2 && params->dim_size(1) == widths_[t],
                   InvalidArgument("DlrmEmbeddingLookup: tables[", t, "] is ",
                                   tensorflow::DataTypeString(params->dtype()), " ",
-                                  params->shape().DebugString(), "; expected float32 [rows, ",
-                                  widths_[t], "]"));
-      data[t] = params->flat<float>().data();
+                                  params->shape().DebugString(),
+                                  "; expected float32, bfloat16 or float16 [rows, ", widths_[t],
+                                  "]"));
+      data[t] = static_cast<const char*>(params->tensor_data().data());
+      row_bytes[t] = widths_[t] * tensorflow::DataTypeSize(dtypes[t]);
       rows[t] = params->dim_size(0);
       offsets[t] = total;
       total += widths_[t];
@@ -114,8 +132,8 @@ class EmbeddingLookupOp : public OpKernel {
           const int a = static_cast<int>(ahead % tables);
           const Index row = id[ahead];
           if (row >= 0 && row < rows[a]) {  // out of range: reported when it is copied
-            const float* line = data[a] + row * widths_[a];
-            for (int64_t k = 0; k < widths_[a]; k += kLineFloats) __builtin_prefetch(line + k);
+            const char* line = data[a] + row * row_bytes[a];
+            for (int64_t k = 0; k < row_bytes[a]; k += kLineBytes) __builtin_prefetch(line + k);
           }
         }
         const Index row = id[i];
@@ -124,11 +142,21 @@ class EmbeddingLookupOp : public OpKernel {
           if (b < bad_sample) bad_sample = b, bad_table = t;
           return;
         }
-        const float* found = data[t] + row * widths_[t];
+        const char* found = data[t] + row * row_bytes[t];
         if constexpr (std::is_same_v<T, float>) {
-          std::memcpy(out + b * total + offsets[t], found, widths_[t] * sizeof(float));
+          float* target = out + b * total + offsets[t];
+          if (dtypes[t] == tensorflow::DT_FLOAT) {
+            std::memcpy(target, found, row_bytes[t]);
+          } else {
+            WidenRow(dtypes[t], found, widths_[t], target);
+          }
         } else {  // bfloat16's rounding (bfloat16.h)
-          std::memcpy(staging.data() + offsets[t], found, widths_[t] * sizeof(float));
+          float* target = staging.data() + offsets[t];
+          if (dtypes[t] == tensorflow::DT_FLOAT) {
+            std::memcpy(target, found, row_bytes[t]);
+          } else {
+            WidenRow(dtypes[t], found, widths_[t], target);
+          }
           if (t == tables - 1) Narrow(staging.data(), total, out + b * total);
         }
       }

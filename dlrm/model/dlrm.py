@@ -75,6 +75,8 @@ class Dlrm(keras.Model):
             ids up with one op (`LocalEmbeddings`; a given layer has its own
             `use_kernels`), and the trainer checks the gradients with
             `DlrmAllFinite`.
+        table_dtype: what the default embeddings' tables store: "float32",
+            "bfloat16" or "float16" (`Embeddings`; `--embedding_dtype`).
     """
 
     def __init__(
@@ -86,6 +88,7 @@ class Dlrm(keras.Model):
         use_xla: bool = False,
         use_kernels: bool = False,
         on_gpu: bool = False,
+        table_dtype: str = "float32",
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -101,6 +104,7 @@ class Dlrm(keras.Model):
             pooling=config.poolings,
             output_dtype=keras.DTypePolicy(dtype_policy).compute_dtype,
             use_kernels=use_kernels,
+            table_dtype=table_dtype,
         )
         if tuple(self.embeddings.dims) != config.embedding_dims:
             raise ValueError(

@@ -16,6 +16,12 @@ variable order, which the sharded checkpoints (one file per table shard, with
 its slots beside it, resharded on restore) cannot address, and their Adam and
 Adagrad turn `IndexedSlices` into dense [rows, D] updates.
 
+A 16-bit table (bfloat16 or float16) keeps float32 slots: Adagrad's and Adam's
+accumulators grow by increments far below a 16-bit value's spacing, which
+would be lost, and a row-wise slot is [rows, 1] anyway; so its own bytes halve
+and its slots' do not. Its rows are widened to float32, updated by the same
+rule, and stored back with stochastic rounding (`dlrm.optim.rounding`).
+
 Slots are named after the variable's path, so checkpoints can store and
 restore them per variable. A slot the spec calls row-wise (`row_wise_slots`)
 is [rows, 1] on an embedding table (`build(..., tables=...)`), the variable's
@@ -38,6 +44,7 @@ from dlrm.optim.config import (
     OptimizerSpec,
     optimizer_spec,
 )
+from dlrm.optim.rounding import SIXTEEN_BIT_DTYPES, RowRounding, round_rows
 from dlrm.variables import resource_variable, variable_name
 
 
@@ -124,16 +131,43 @@ class Optimizer(abc.ABC):
                 self._apply_dense(resource, tf.convert_to_tensor(gradient), learning_rate, slots)
         self.iterations.assign_add(1)
 
-    def apply_rows(self, variable: Any, gradient: tf.IndexedSlices, learning_rate: Any) -> None:
+    def apply_rows(
+        self,
+        variable: Any,
+        gradient: tf.IndexedSlices,
+        learning_rate: Any,
+        rounding: RowRounding | None = None,
+    ) -> None:
         """The rule on the rows of `variable` that `gradient` names, with
         TensorFlow's ops: duplicate rows are summed first, and each row is updated
-        once. Does not end the step (`apply` does)."""
-        self._apply_sparse(
-            resource_variable(variable),
-            gradient,
-            tf.cast(learning_rate, tf.float32),
-            self.slots(variable),
-        )
+        once. A 16-bit variable's rows are updated in float32 and rounded back
+        stochastically, with the random bits of `rounding` (where its rows lie;
+        table 0 of seed 0 by default). Does not end the step (`apply` does)."""
+        resource = resource_variable(variable)
+        lr = tf.cast(learning_rate, tf.float32)
+        if resource.dtype in SIXTEEN_BIT_DTYPES:
+            indices, values = _deduplicate(gradient)
+            rows = tf.cast(tf.gather(resource, indices), tf.float32)
+            updated = self._updated_rows(rows, values, indices, lr, self.slots(variable))
+            stored = round_rows(
+                updated, resource.dtype, rounding or RowRounding(), self.iterations, indices
+            )
+            resource.scatter_update(tf.IndexedSlices(stored, indices))
+            return
+        self._apply_sparse(resource, gradient, lr, self.slots(variable))
+
+    @abc.abstractmethod
+    def _updated_rows(
+        self,
+        rows: tf.Tensor,
+        gradient: tf.Tensor,
+        indices: tf.Tensor,
+        lr: tf.Tensor,
+        slots: dict[str, Any],
+    ) -> tf.Tensor:
+        """The rule on float32 `rows` [n, D] of a 16-bit table, with their
+        summed `gradient` [n, D] (unique `indices`): their slots updated, the
+        new rows returned (the kernel's arithmetic)."""
 
     def kernel_rule(self) -> dict[str, Any]:
         """The rule as `DlrmEmbeddingApply`'s attributes (dlrm.embedding.update)."""
@@ -174,6 +208,9 @@ class Sgd(Optimizer):
     def _apply_sparse(self, variable, gradient, lr, slots):  # type: ignore[no-untyped-def]
         # Scatter-sub adds up duplicate indices, which is the summed gradient's update.
         variable.scatter_sub(tf.IndexedSlices(gradient.values * lr, gradient.indices))
+
+    def _updated_rows(self, rows, gradient, indices, lr, slots):  # type: ignore[no-untyped-def]
+        return rows - lr * gradient
 
 
 class Adagrad(Optimizer):
@@ -218,6 +255,11 @@ class Adagrad(Optimizer):
             grad=values,
             indices=indices,
         )
+
+    def _updated_rows(self, rows, gradient, indices, lr, slots):  # type: ignore[no-untyped-def]
+        accumulator = tf.gather(slots["accumulator"], indices) + gradient * gradient
+        slots["accumulator"].scatter_update(tf.IndexedSlices(accumulator, indices))
+        return rows - lr * gradient / (tf.sqrt(accumulator) + self.epsilon)
 
 
 class Adam(Optimizer):
@@ -282,6 +324,15 @@ class Adam(Optimizer):
         slots["v"].scatter_update(tf.IndexedSlices(v, indices))
         variable.scatter_sub(tf.IndexedSlices(update, indices))
 
+    def _updated_rows(self, rows, gradient, indices, lr, slots):  # type: ignore[no-untyped-def]
+        beta_1_power, beta_2_power = self._powers()
+        m = self.beta_1 * tf.gather(slots["m"], indices) + (1.0 - self.beta_1) * gradient
+        v = self.beta_2 * tf.gather(slots["v"], indices) + (1.0 - self.beta_2) * gradient * gradient
+        step_size = lr * tf.sqrt(1.0 - beta_2_power) / (1.0 - beta_1_power)
+        slots["m"].scatter_update(tf.IndexedSlices(m, indices))
+        slots["v"].scatter_update(tf.IndexedSlices(v, indices))
+        return rows - step_size * m / (tf.sqrt(v) + self.epsilon)
+
 
 class RowwiseAdagrad(Adagrad):
     """Row-wise Adagrad on embedding tables, element-wise Adagrad on dense weights.
@@ -322,6 +373,14 @@ class RowwiseAdagrad(Adagrad):
         accumulator.scatter_update(tf.IndexedSlices(total, indices))
         step = values * (lr / (tf.sqrt(total) + self.epsilon))
         variable.scatter_sub(tf.IndexedSlices(step, indices))
+
+    def _updated_rows(self, rows, gradient, indices, lr, slots):  # type: ignore[no-untyped-def]
+        accumulator = slots["accumulator"]
+        total = tf.gather(accumulator, indices) + tf.reduce_mean(
+            tf.square(gradient), axis=1, keepdims=True
+        )
+        accumulator.scatter_update(tf.IndexedSlices(total, indices))
+        return rows - gradient * (lr / (tf.sqrt(total) + self.epsilon))
 
 
 def _check_row_wise(variable: Any, accumulator: Any) -> None:

@@ -128,6 +128,7 @@ def _write_own_part(trainer: Trainer, writer: CheckpointWriter, step: int) -> No
                 slot: functools.partial(read_rows, value)
                 for slot, value in trainer.optimizer.slots(variable).items()
             },
+            dtype=variable.dtype.name,
         )
 
 

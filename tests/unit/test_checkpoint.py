@@ -378,7 +378,7 @@ def test_overlapping_shards_are_not_published(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("edit", "message"),
     [
-        (lambda m: m.update(format_version=3), r"format_version 3, this tool reads 1 and 2"),
+        (lambda m: m.update(format_version=4), r"format_version 4, this tool reads 1, 2 and 3"),
         (lambda m: m["tables"].append(m["tables"][0]), r"table 0 is listed twice"),
         (
             lambda m: m["tables"][0]["shards"][0].update(table=1),

@@ -179,7 +179,8 @@ def test_embedding_lookup_rejects_bad_ids_and_widths(library: Any) -> None:
     with pytest.raises(tf.errors.InvalidArgumentError, match=r"expected ids \[B, 2\]"):
         _lookup(library, tables, tf.constant([[1, 2, 3]]), tf.float32)
     with pytest.raises(
-        tf.errors.InvalidArgumentError, match=r"tables\[1\] is float .*expected float32 \[rows, 5\]"
+        tf.errors.InvalidArgumentError,
+        match=r"tables\[1\] is float .*expected float32, bfloat16 or float16 \[rows, 5\]",
     ):
         library.dlrm_embedding_lookup(
             tables=[t.handle for t in tables],

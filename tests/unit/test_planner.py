@@ -68,7 +68,8 @@ def checked_plan(tables: list[TableSpec], config: PlannerConfig) -> ShardingPlan
         assert len(set(ranks)) == len(ranks) and all(0 <= r < n for r in ranks)
         areas = [(s.rows[1] - s.rows[0]) * (s.columns[1] - s.columns[0]) for s in entry.shards]
         for s, area in zip(entry.shards, areas, strict=True):
-            memory[s.rank] += area * spec.dtype_bytes * (1 + slots)
+            # Slots are float32 whatever the table's dtype.
+            memory[s.rank] += area * (spec.dtype_bytes + 4 * slots)
         if entry.kind == DATA_PARALLEL:
             assert sorted(ranks) == list(range(n))
             assert all(

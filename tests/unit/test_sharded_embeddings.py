@@ -409,7 +409,7 @@ def test_simulated_ranks_report_the_failing_rank_and_do_not_hang() -> None:
 # ------------------------------------------------------------------- training
 
 STEPS = 3
-LEARNING_RATES = {"sgd": 0.5, "adam": 0.01}
+LEARNING_RATES = {"sgd": 0.5, "adam": 0.01, "adagrad": 0.1, "rowwise_adagrad": 0.1}
 
 
 def make_trainer(
@@ -418,6 +418,7 @@ def make_trainer(
     collectives: Any,
     hotness: tuple[int, ...] = HOTNESS,
     dense_chunk_rows: int = 0,
+    table_dtype: str = "float32",
 ) -> Trainer:
     config = ModelConfig(
         NUM_NUMERICAL,
@@ -427,7 +428,7 @@ def make_trainer(
         bottom_mlp_dims=(9, DIM),
         top_mlp_dims=(11, 1),
     )
-    model = Dlrm(config, embeddings=embeddings, seed=SEED)
+    model = Dlrm(config, embeddings=embeddings, seed=SEED, table_dtype=table_dtype)
     return Trainer(
         model,
         create_optimizer(optimizer),
@@ -467,9 +468,11 @@ def trained_state(trainer: Trainer, losses: list[float]) -> dict[str, Any]:
 
 
 @functools.cache
-def one_process(optimizer: str, hotness: tuple[int, ...] = HOTNESS) -> dict[str, Any]:
+def one_process(
+    optimizer: str, hotness: tuple[int, ...] = HOTNESS, table_dtype: str = "float32"
+) -> dict[str, Any]:
     keras.utils.set_random_seed(1)
-    trainer = make_trainer(optimizer, None, None, hotness)
+    trainer = make_trainer(optimizer, None, None, hotness, table_dtype=table_dtype)
     initial = [v.numpy() for v in trainer.dense_variables]
     losses = [float(trainer.train_step(rank_batch(trainer, b))) for b in global_batches(hotness)]
     trainer.check_finite()
@@ -483,6 +486,7 @@ def rank_trainer(
     data_parallel_input: bool,
     hotness: tuple[int, ...] = HOTNESS,
     dense_chunk_rows: int = 0,
+    table_dtype: str = "float32",
 ) -> Trainer:
     """A rank's trainer, with rank 0's initial dense weights (the one-process
     run's) on every rank."""
@@ -493,11 +497,14 @@ def rank_trainer(
         seed=SEED,
         data_parallel_input=data_parallel_input,
         hotness=hotness,
+        table_dtype=table_dtype,
     )
-    trainer = make_trainer(optimizer, embeddings, collectives, hotness, dense_chunk_rows)
+    trainer = make_trainer(
+        optimizer, embeddings, collectives, hotness, dense_chunk_rows, table_dtype
+    )
     # Rank 0 holds the one-process run's initial dense weights, the others
     # something else: the broadcast must give every rank rank 0's.
-    initial = one_process(optimizer, hotness)["initial_dense"] if rank == 0 else None
+    initial = one_process(optimizer, hotness, table_dtype)["initial_dense"] if rank == 0 else None
     for position, variable in enumerate(trainer.dense_variables):
         variable.assign(initial[position] if initial else np.full(variable.shape, 0.1 * rank))
     collectives.broadcast_variables(trainer.dense_variables)
@@ -521,10 +528,11 @@ def train_on_rank(
     data_parallel_input: bool,
     hotness: tuple[int, ...] = HOTNESS,
     dense_chunk_rows: int = 0,
+    table_dtype: str = "float32",
 ) -> dict[str, Any]:
     rank, world = collectives.rank, collectives.world_size
     trainer = rank_trainer(
-        collectives, kind, optimizer, data_parallel_input, hotness, dense_chunk_rows
+        collectives, kind, optimizer, data_parallel_input, hotness, dense_chunk_rows, table_dtype
     )
     losses = [
         float(trainer.train_step(rank_batch(trainer, batch, rank, world)))
@@ -613,6 +621,46 @@ def test_vectors_cross_per_chunk_and_train_as_one_process(
             for chunk in range(1, chunks):
                 assert result["collectives"][f"{name}_{chunk}"] == STEPS
             assert f"{name}_{chunks}" not in result["collectives"]
+
+
+@pytest.mark.parametrize(
+    ("kind", "optimizer", "table_dtype"),
+    [
+        ("mixed", "adagrad", "bfloat16"),
+        ("row_wise_rank", "rowwise_adagrad", "float16"),
+        ("column_wise", "sgd", "bfloat16"),
+        ("data_parallel", "adam", "float16"),
+    ],
+)
+def test_sixteen_bit_tables_on_two_ranks_round_as_one_process(
+    kind: str, optimizer: str, table_dtype: str
+) -> None:
+    """The stochastic rounding's bits hash a row's global id and a value's global
+    column, so a shard of any rank draws what the one-process table draws: two
+    ranks store the one process's 16-bit values, but where the ranks' float32
+    update differs by a rounding (their sums' order) from the one process's
+    and falls on the other side of the random threshold (rare): one 16-bit
+    step apart there."""
+    results = run_ranks(
+        2,
+        lambda c: train_on_rank(c, kind, optimizer, False, HOTNESS, 0, table_dtype),
+    )
+    expected = one_process(optimizer, HOTNESS, table_dtype)
+    tables = {shard.table: values for shard, values, _ in expected["shards"]}
+    unit = 2.0**-7 if table_dtype == "bfloat16" else 2.0**-10  # a 16-bit step, relative
+    equal = total = 0
+    for result in results:
+        for shard, values, _ in result["shards"]:
+            assert values.dtype.name == table_dtype
+            ours = values.astype(np.float32)
+            theirs = tables[shard.table][slice(*shard.rows), slice(*shard.columns)].astype(
+                np.float32
+            )
+            close = np.abs(ours - theirs) <= 1e-6 + 1e-5 * np.abs(theirs)
+            equal, total = equal + int(close.sum()), total + close.size
+            step_apart = np.abs(ours - theirs) <= unit * np.abs(theirs) * 1.01 + 1e-6
+            assert step_apart.all(), shard.name
+    assert equal >= 0.99 * total, (equal, total)
 
 
 def test_a_request_of_one_rank_reaches_every_rank_after_the_same_step() -> None:

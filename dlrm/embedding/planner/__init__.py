@@ -13,8 +13,9 @@ Kinds:
 - `row_wise`: row ranges over full columns, on distinct ranks.
 
 Cost model (`cost`), per shard of `r` rows and `c` columns: memory is
-`r * dtype_bytes * (c * (1 + optimizer_slots) + row_slots)` (row-wise
-Adagrad keeps one value a row); lookup traffic is
+`r * (c * dtype_bytes + 4 * (c * optimizer_slots + row_slots))` (a 16-bit
+table's values take 2 bytes, its float32 slots 4; row-wise Adagrad keeps one
+value a row); lookup traffic is
 `hotness * c * dtype_bytes` per sample of the global batch (a row shard sends
 `c` columns per sample too: it takes part in the reduction). Strategies place
 the shards of model-parallel tables: `cost` (greedy on the larger of the memory

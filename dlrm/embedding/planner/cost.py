@@ -7,7 +7,7 @@ import dataclasses
 import math
 from collections.abc import Sequence
 
-from dlrm.embedding.planner.types import TableSpec, state_bytes
+from dlrm.embedding.planner.types import WIRE_BYTES, TableSpec, state_bytes
 from dlrm.embedding.shard import TableShard
 
 
@@ -38,7 +38,7 @@ def replicated_gradient_exchange(
     if world_size == 1:
         return GradientExchange("none", 0)
     share = (world_size - 1) / world_size
-    row_bytes = (spec.dim + 1) * spec.dtype_bytes
+    row_bytes = (spec.dim + 1) * WIRE_BYTES
     dense = math.ceil(2 * share * spec.rows * row_bytes)
     sparse = math.ceil(share * global_batch_size * spec.hotness * row_bytes)
     return (
@@ -64,8 +64,8 @@ def shard_lookup_bytes(shard: TableShard, spec: TableSpec) -> int:
 def shard_sent_bytes(shard: TableShard, spec: TableSpec) -> int:
     """Bytes `shard` sends through the alltoall per sample of the global batch:
     its pooled vector slice (a row range its full-width partial sum), forward;
-    the backward sends as many."""
-    return shard.width * spec.dtype_bytes
+    the backward sends as many, in float32 (the planner counts no --amp)."""
+    return shard.width * WIRE_BYTES
 
 
 def imbalance(values: Sequence[int]) -> float:

@@ -62,7 +62,9 @@ def format_bytes(count: float) -> str:
 @dataclasses.dataclass(frozen=True)
 class TableSpec:
     """One embedding table as the planner sees it: `rows` x `dim` elements of
-    `dtype_bytes` bytes, `hotness` ids per sample (pooled)."""
+    `dtype_bytes` bytes (4, or 2 for a 16-bit table: `--embedding_dtype`),
+    `hotness` ids per sample (pooled). Optimizer slots are float32 whatever
+    the table's dtype (`SLOT_BYTES`)."""
 
     rows: int
     dim: int
@@ -91,9 +93,19 @@ class TableSpec:
         return state_bytes(self.rows, self.dim, self.dtype_bytes, optimizer_slots, row_slots)
 
 
+# Bytes of an optimizer slot's value: slots stay float32 on 16-bit tables
+# (Adagrad's and Adam's small increments would be lost in 16 bits).
+SLOT_BYTES = 4
+
+# Bytes of a value that crosses between ranks (the vectors, their gradients, a
+# replicated table's gradient): float32 whatever the table's dtype.
+WIRE_BYTES = 4
+
+
 def state_bytes(
     rows: int, columns: int, dtype_bytes: int, optimizer_slots: int = 0, row_slots: int = 0
 ) -> int:
-    """Bytes of `rows` x `columns` values with `optimizer_slots` slots of that shape
-    and `row_slots` slots of one value per row ([rows, 1], row-wise Adagrad's)."""
-    return rows * dtype_bytes * (columns * (1 + optimizer_slots) + row_slots)
+    """Bytes of `rows` x `columns` values of `dtype_bytes` with `optimizer_slots`
+    float32 slots of that shape and `row_slots` of one value per row ([rows, 1],
+    row-wise Adagrad's)."""
+    return rows * (columns * dtype_bytes + SLOT_BYTES * (columns * optimizer_slots + row_slots))
