@@ -14,8 +14,7 @@ from dlrm.app.modes.export import run_export
 from dlrm.app.modes.inference import run_inference
 from dlrm.app.modes.training import train
 from dlrm.app.reporting import MetricsLog, format_duration
-from dlrm.distributed.collectives import Collectives, create_collectives
-from dlrm.distributed.devices import pin_gpu
+from dlrm.distributed.collectives import create_collectives
 from dlrm.distributed.launcher import launched_by_horovod, launched_elastic
 
 
@@ -35,11 +34,8 @@ def run_mode(config: RunConfig, console: TextIO | None = None) -> dict[str, Any]
         from dlrm.app.elastic import train_elastic
 
         return train_elastic(config, console, report_summary)
-    if config.mode == "export":
-        pin_gpu(local_rank=0, local_ranks=1)  # one process: one GPU, not memory on each
-        collectives = Collectives()
-    else:
-        collectives = create_collectives(config.bind_cpus)
+    # Export is one process (refused under a launcher above): pinned to one GPU.
+    collectives = create_collectives(config.bind_cpus)
     check_world_size(config, collectives.world_size)
     log = MetricsLog(
         config.metrics_log_path,

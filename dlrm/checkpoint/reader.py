@@ -362,10 +362,7 @@ class Checkpoint:
         itemsize = max([4, *(layout.dtype.itemsize for layout in layouts.values())])
         block_rows = max(1, block_bytes // (widest * itemsize))
         with contextlib.ExitStack() as stack:
-            handles = {
-                file: stack.enter_context((self.path / file).open("rb", buffering=0))
-                for file in layouts
-            }
+            handles = self._open(stack, layouts)
             for start in range(rows[0], rows[1], block_rows):
                 stop = min(start + block_rows, rows[1])
                 block = np.empty((stop - start, width), np.float32)
@@ -378,6 +375,13 @@ class Checkpoint:
                         )
                 assign(start - rows[0], block)
                 del block  # before the next one is allocated
+
+    def _open(self, stack: contextlib.ExitStack, files: Iterable[str]) -> dict[str, io.FileIO]:
+        """Each of `files` of this checkpoint, opened unbuffered for positioned
+        reads until `stack` closes."""
+        return {
+            file: stack.enter_context((self.path / file).open("rb", buffering=0)) for file in files
+        }
 
     def _restore_row_wise(
         self,
@@ -398,10 +402,7 @@ class Checkpoint:
         width = _length(columns)
         block_rows = max(1, block_bytes // 8)
         with contextlib.ExitStack() as stack:
-            handles = {
-                file: stack.enter_context((self.path / file).open("rb", buffering=0))
-                for file in layouts
-            }
+            handles = self._open(stack, layouts)
             for start in range(rows[0], rows[1], block_rows):
                 stop = min(start + block_rows, rows[1])
                 total = np.zeros((stop - start, 1), np.float64)
