@@ -58,6 +58,7 @@ from benchmarks.harness import (
     TIMEOUT_S,
     VARIANTS,
     child_env,
+    cpu_model,
     integers,
     last_json_line,
     parser_for,
@@ -217,13 +218,8 @@ def device_name(gpu: bool) -> str:
         done = subprocess.run(query, capture_output=True, text=True, timeout=60)
         if done.returncode == 0 and done.stdout.strip():
             return "; ".join(line.strip() for line in done.stdout.strip().splitlines())
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return f"{line.split(':', 1)[1].strip()} ({os.cpu_count()} CPUs)"
-    except OSError:
-        pass
-    return f"{os.cpu_count()} CPUs"
+    model = cpu_model()
+    return f"{model} ({os.cpu_count()} CPUs)" if model else f"{os.cpu_count()} CPUs"
 
 
 # ------------------------------------------------------------------ the runs

@@ -115,6 +115,17 @@ _ON_CPUS = (
 )
 
 
+def cpu_model() -> str | None:
+    """The CPU's model name as /proc/cpuinfo gives it, or None where it gives none."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return None
+
+
 def on_cpus(cpus: Sequence[int], command: list[str]) -> list[str]:
     """`command` confined to `cpus`, and all it starts with it (unchanged for
     none). TensorFlow, oneDNN and OpenBLAS size their thread pools by the CPUs

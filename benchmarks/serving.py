@@ -35,6 +35,7 @@ import numpy as np
 
 from benchmarks.harness import (
     add_output_flags,
+    cpu_model,
     default_dataset,
     integers,
     main_py,
@@ -150,16 +151,6 @@ def print_row(row: dict[str, Any]) -> None:
     )
 
 
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
-
 def main() -> int:
     parser = parser_for(__doc__)
     parser.add_argument("--float32", type=Path, help="the float32 SavedModel")
@@ -180,11 +171,12 @@ def main() -> int:
             models = {"float32": args.float32, "int8": args.int8}
         import tensorflow as tf
 
-        print(f"CPU: {cpu_model()}, {os.cpu_count()} CPUs, TensorFlow {tf.__version__}")
+        cpu = cpu_model() or platform.processor() or "unknown"
+        print(f"CPU: {cpu}, {os.cpu_count()} CPUs, TensorFlow {tf.__version__}")
         print_header()
         results = measure(models, args.batches, args.calls, args.warmup)
     figures = {
-        "cpu": cpu_model(),
+        "cpu": cpu,
         "cpus": os.cpu_count(),
         "tensorflow": tf.__version__,
         "models": "built: the default model"
