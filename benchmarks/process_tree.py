@@ -37,11 +37,11 @@ def tree_memory(root: psutil.Process) -> tuple[int, int]:
     for member in _members(root):
         with contextlib.suppress(psutil.Error):
             total += member.memory_info().rss
-        largest = max(largest, _high_water_mark(member.pid))
+        largest = max(largest, high_water_mark(member.pid))
     return total, largest
 
 
-def _high_water_mark(pid: int) -> int:
+def high_water_mark(pid: int) -> int:
     """Bytes: `VmHWM` of process `pid`, 0 if it is gone or has none (a zombie)."""
     with (
         contextlib.suppress(OSError, ValueError),

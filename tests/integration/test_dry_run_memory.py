@@ -12,23 +12,13 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks.plan_memory import FLAGS, TABLES
 from dlrm.app.records import last_record
 from tests.harness.datasets import dataset_fixture
 from tests.harness.processes import main_py, run
 
 pytestmark = pytest.mark.integration
 
-# Four tables of 1,000,000 x 64 (256 MB each) and two small, replicated ones.
-TABLES = (1_000_000, 1_000_000, 1_000_000, 1_000_000, 50, 7)
-FLAGS = [
-    "--embedding_dim=64",
-    "--bottom_mlp_dims=512,256,64",
-    "--batch_size=4096",
-    "--optimizer=adagrad",
-    "--learning_rate=0.01",
-    "--warmup_steps=0",
-    "--decay_start_step=0",
-]
 # The error the model is held to (docs/scaling.md).
 TOLERANCE = 0.10
 
