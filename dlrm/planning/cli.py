@@ -64,6 +64,12 @@ flags.DEFINE_float(
 )
 flags.DEFINE_float("intra_host_latency_us", None, "Overrides one message's latency within a host.")
 flags.DEFINE_float("inter_host_latency_us", None, "Overrides one message's latency between hosts.")
+flags.DEFINE_float(
+    "collective_overhead_us",
+    None,
+    "Overrides what a round of collectives costs beyond its bytes and latencies (Horovod's "
+    "cycle and negotiation).",
+)
 flags.DEFINE_string("json", None, "Also write the dry run's figures to this JSON file.")
 flags.DEFINE_integer(
     "max_hosts", 1024, "The most hosts tried when searching for a world that fits."
@@ -85,6 +91,7 @@ PLAN_FLAGS = (
     "inter_host_gbps",
     "intra_host_latency_us",
     "inter_host_latency_us",
+    "collective_overhead_us",
     "json",
     "max_hosts",
 )
@@ -99,6 +106,7 @@ _OVERRIDES = {
     "inter_host_gbps": "inter_host_gbit_s",
     "intra_host_latency_us": "intra_host_latency_us",
     "inter_host_latency_us": "inter_host_latency_us",
+    "collective_overhead_us": "collective_overhead_us",
 }
 
 

@@ -47,10 +47,15 @@ class DeviceSpec:
         intra_host_gbit_s, intra_host_latency_us: the link between two ranks of a
             host, per direction, and one message's latency.
         inter_host_gbit_s, inter_host_latency_us: a rank's link to other hosts.
+        collective_overhead_us: what one round of collectives costs beyond its
+            bytes and its links' latency: Horovod's background thread takes a
+            submitted collective at its next cycle and negotiates it among the
+            ranks before it runs.
         runtime_baseline_gib: what a rank holds before the model (TensorFlow,
             Horovod, the CUDA context): part of the measured peak on a CPU.
         shared_by_host_ranks: the figures are a host's (a CPU server): the ranks
-            of a host share its memory, compute, bandwidth and network link.
+            of a host share its memory, compute, bandwidth and network link, and
+            run the CPU path (the dense part in chunks). False: a GPU.
         source: where the figures come from.
     """
 
@@ -65,6 +70,7 @@ class DeviceSpec:
     matmul_efficiency: float = 1.0
     intra_host_latency_us: float = 5.0
     inter_host_latency_us: float = 10.0
+    collective_overhead_us: float = 0.0
     runtime_baseline_gib: float = 0.0
     shared_by_host_ranks: bool = False
     source: str = ""
@@ -123,6 +129,13 @@ class DeviceSpec:
 _GPU_INTRA_LATENCY_US = 5.0
 _GPU_INTER_LATENCY_US = 10.0
 _GPU_MATMUL_EFFICIENCY = 0.5
+# Assumed: Horovod's default cycle on GPUs is 1 ms; a collective submitted waits for
+# the next cycle, then for the ranks' negotiation, before NCCL runs it.
+_GPU_COLLECTIVE_OVERHEAD_US = 1000.0
+# Measured on the development machine: a one-value allreduce and alltoall in a loop
+# under horovodrun --gloo on 2 ranks, at the CPU path's 3 ms cycle
+# (dlrm.distributed.collectives.CPU_DEFAULTS): 3.9 and 5.3 ms each (docs/scaling.md).
+_CPU_COLLECTIVE_OVERHEAD_US = 4600.0
 # Assumed: what a GPU rank holds outside TensorFlow's allocator (CUDA context,
 # cuBLAS/cuDNN workspaces, NCCL buffers).
 _GPU_RUNTIME_GIB = 1.0
@@ -150,6 +163,7 @@ BUILTIN_DEVICES: dict[str, DeviceSpec] = {
             inter_host_gbit_s=200,
             intra_host_latency_us=_GPU_INTRA_LATENCY_US,
             inter_host_latency_us=_GPU_INTER_LATENCY_US,
+            collective_overhead_us=_GPU_COLLECTIVE_OVERHEAD_US,
             runtime_baseline_gib=_GPU_RUNTIME_GIB,
             source="NVIDIA A100 datasheet; DGX A100 user guide (HDR 200 Gb/s per GPU)",
         ),
@@ -170,6 +184,7 @@ BUILTIN_DEVICES: dict[str, DeviceSpec] = {
             inter_host_gbit_s=400,
             intra_host_latency_us=_GPU_INTRA_LATENCY_US,
             inter_host_latency_us=_GPU_INTER_LATENCY_US,
+            collective_overhead_us=_GPU_COLLECTIVE_OVERHEAD_US,
             runtime_baseline_gib=_GPU_RUNTIME_GIB,
             source="NVIDIA H100 datasheet; DGX H100 user guide (NDR 400 Gb/s per GPU)",
         ),
@@ -189,6 +204,7 @@ BUILTIN_DEVICES: dict[str, DeviceSpec] = {
             inter_host_gbit_s=400,
             intra_host_latency_us=_GPU_INTRA_LATENCY_US,
             inter_host_latency_us=_GPU_INTER_LATENCY_US,
+            collective_overhead_us=_GPU_COLLECTIVE_OVERHEAD_US,
             runtime_baseline_gib=_GPU_RUNTIME_GIB,
             source="NVIDIA H200 datasheet (NDR 400 Gb/s per GPU assumed, as DGX H100)",
         ),
@@ -206,6 +222,7 @@ BUILTIN_DEVICES: dict[str, DeviceSpec] = {
             inter_host_gbit_s=10.0,
             intra_host_latency_us=20.0,
             inter_host_latency_us=50.0,
+            collective_overhead_us=_CPU_COLLECTIVE_OVERHEAD_US,
             runtime_baseline_gib=_CPU_RUNTIME_GIB,
             shared_by_host_ranks=True,
             source="measured on the development machine (matmul and copy probes)",
@@ -226,6 +243,7 @@ BUILTIN_DEVICES: dict[str, DeviceSpec] = {
             inter_host_gbit_s=100.0,
             intra_host_latency_us=20.0,
             inter_host_latency_us=30.0,
+            collective_overhead_us=_CPU_COLLECTIVE_OVERHEAD_US,
             runtime_baseline_gib=_CPU_RUNTIME_GIB,
             shared_by_host_ranks=True,
             source="AMD EPYC 7763 product page (cores, clock, DDR4-3200 x 8); 100 GbE",

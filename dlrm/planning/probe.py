@@ -13,15 +13,17 @@ import time
 
 import numpy as np
 
-from dlrm.planning.devices import GIB, LOCAL_DEVICE, DeviceSpec
+from dlrm.planning.devices import BUILTIN_DEVICES, GIB, LOCAL_DEVICE, DeviceSpec
 from dlrm.planning.errors import DryRunError
 
-# Assumed: Horovod's gloo over loopback TCP within the host, 10 GbE between hosts.
+# Assumed: Horovod's gloo over loopback TCP within the host, 10 GbE between hosts;
+# a collective round as measured on the development machine (`devices`).
 LOCAL_LINKS = {
     "intra_host_gbit_s": 20.0,
     "intra_host_latency_us": 20.0,
     "inter_host_gbit_s": 10.0,
     "inter_host_latency_us": 50.0,
+    "collective_overhead_us": BUILTIN_DEVICES["cpu-avx2-2core"].collective_overhead_us,
 }
 
 # Copied per timing: larger than the caches, small next to the tables.

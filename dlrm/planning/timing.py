@@ -27,6 +27,12 @@ rank, a the compute and wire bytes (2 under `--amp`, else 4):
   the same link, with one ring's latencies for them all (Horovod fuses a step's
   allreduces into one buffer).
 
+Every round of collectives (an alltoall of each chunk, the fused allreduce) also
+costs the device's `collective_overhead_us`: Horovod runs a collective at its
+background thread's next cycle, after the ranks have negotiated it. The ids' round,
+each chunk's vectors and gradients, and the dense allreduce (the replicated
+tables' gradients fused into it) each pay it once.
+
 The step is their sum on the slowest rank: nothing is taken to overlap (the CPU
 path overlaps a chunk's vectors with another chunk's compute, so this is an upper
 bound there).
@@ -106,7 +112,7 @@ def _alltoall_seconds(world: World, sent: float, received: float, messages: int)
     )
     latency = (per_host - 1) * world.intra_host.latency_s
     latency += (size - per_host) * world.inter_host.latency_s
-    return seconds + messages * latency
+    return seconds + messages * (latency + world.collective_overhead_s)
 
 
 def _ring_seconds(world: World, sent_bytes: float) -> float:
@@ -133,6 +139,8 @@ def step_times(
     chunks = max(1, -(-local // dense_chunk_rows(config, world)))
     dense = dense_training_flops(model) * local / device.matmul_flops_per_s(config.amp)
     allreduce = _ring_seconds(world, 2 * (size - 1) / size * dense_parameters(model) * 4)
+    if size > 1:
+        allreduce += world.collective_overhead_s  # the replicated gradients' round too
     replicated_bytes, received, id_bytes = 0, 0.0, 0.0
     moved, sent = [0.0] * size, [0.0] * size
     for table in plan.tables:

@@ -51,6 +51,11 @@ class World:
         device = self.rank_device
         return Link(device.inter_host_gbit_s * 1e9 / 8, device.inter_host_latency_us * 1e-6)
 
+    @property
+    def collective_overhead_s(self) -> float:
+        """What a round of collectives costs beyond its bytes and latencies."""
+        return self.device.collective_overhead_us * 1e-6
+
     def with_hosts(self, hosts: int) -> World:
         return dataclasses.replace(self, hosts=hosts)
 

@@ -85,17 +85,41 @@ def test_sgd_has_no_slots_and_the_dense_part_grows_with_the_batch() -> None:
 
 def test_the_alltoall_slows_down_with_the_link_between_hosts() -> None:
     model = dcnv2()
-    fast = dry_run(model, World(4, 8, H100), max_hosts=4)
+    bytes_only = dataclasses.replace(H100, collective_overhead_us=0.0)
+    fast = dry_run(model, World(4, 8, bytes_only), max_hosts=4)
     slow = dry_run(
-        model, World(4, 8, dataclasses.replace(H100, inter_host_gbit_s=100)), max_hosts=4
+        model, World(4, 8, dataclasses.replace(bytes_only, inter_host_gbit_s=100)), max_hosts=4
     )
     assert fast.step.inter_host_share == pytest.approx(24 / 31)
     assert slow.step.alltoall_vectors > 3 * fast.step.alltoall_vectors
     assert slow.step.alltoall_gradients > 3 * fast.step.alltoall_gradients
     assert slow.step.dense_compute == fast.step.dense_compute
     assert slow.samples_per_second < fast.samples_per_second
-    one_host = dry_run(model, World(1, 8, H100))
+    one_host = dry_run(model, World(1, 8, bytes_only))
     assert fast.step.alltoall_vectors > one_host.step.alltoall_vectors  # NVLink within a host
+
+
+def test_each_round_of_collectives_pays_the_overhead_once() -> None:
+    model = dcnv2(input_mode="data_parallel")
+    overhead = 2500.0
+    without = dry_run(model, World(2, 8, dataclasses.replace(H100, collective_overhead_us=0)))
+    with_it = dry_run(
+        model, World(2, 8, dataclasses.replace(H100, collective_overhead_us=overhead))
+    )
+    rounds = {  # on a GPU a step is one chunk: one round each, replicated fused
+        "alltoall_ids": 1,
+        "alltoall_vectors": 1,
+        "alltoall_gradients": 1,
+        "dense_allreduce": 1,
+        "replicated_gradients": 0,
+        "dense_compute": 0,
+        "lookups_update": 0,
+    }
+    for term, count in rounds.items():
+        added = getattr(with_it.step, term) - getattr(without.step, term)
+        assert added == pytest.approx(count * overhead * 1e-6), term
+    alone = dry_run(model, World(1, 1, dataclasses.replace(H100, collective_overhead_us=1e6)))
+    assert alone.step.total == pytest.approx(alone.step.dense_compute + alone.step.lookups_update)
 
 
 def test_data_parallel_input_exchanges_ids() -> None:
