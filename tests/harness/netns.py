@@ -309,6 +309,21 @@ class NetnsCluster:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
 
+    def shape(self, gbit_s: float) -> None:
+        """Limits every host's link to `gbit_s` per direction, as a NIC of that
+        speed would: a token bucket (`tc tbf`) on what the host sends (its eth0)
+        and on what it receives (its port on the bridge). The bucket holds 1 ms
+        at the rate (at least 64 KiB: a TCP segment with offloads is that large),
+        and queues at most 50 ms before dropping."""
+        burst = max(64 * 1024, int(gbit_s * 1e9 / 8 / 1000))
+        shaper = ["root", "tbf", "rate", f"{gbit_s}gbit", "burst", str(burst), "latency", "50ms"]
+        switch = f"{self.tag}-switch"
+        for index, host in enumerate(self.members):
+            _run(["ip", "netns", "exec", host.namespace, "tc", "qdisc", "replace", "dev",
+                  INTERFACE, *shaper])  # fmt: skip
+            _run(["ip", "netns", "exec", switch, "tc", "qdisc", "replace", "dev",
+                  f"port{index}", *shaper])  # fmt: skip
+
     def link(self, host: str, up: bool) -> None:
         """Brings `host`'s link down (cable pulled) or up again."""
         state = "up" if up else "down"
