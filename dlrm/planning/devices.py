@@ -132,9 +132,10 @@ _GPU_MATMUL_EFFICIENCY = 0.5
 # Assumed: Horovod's default cycle on GPUs is 1 ms; a collective submitted waits for
 # the next cycle, then for the ranks' negotiation, before NCCL runs it.
 _GPU_COLLECTIVE_OVERHEAD_US = 1000.0
-# Measured on the development machine: a one-value allreduce and alltoall in a loop
-# under horovodrun --gloo on 2 ranks, at the CPU path's 3 ms cycle
-# (dlrm.distributed.collectives.CPU_DEFAULTS): 3.9 and 5.3 ms each (docs/scaling.md).
+# Measured on the development machine (benchmarks/collective_round.py): a one-value
+# allreduce and alltoall in a loop under horovodrun --gloo on 2 ranks, at the CPU
+# path's 3 ms cycle (dlrm.distributed.collectives.CPU_DEFAULTS): 3.9 and 5.3 ms each
+# in one run, 5.4 and 9.2 in another (docs/scaling.md).
 _CPU_COLLECTIVE_OVERHEAD_US = 4600.0
 # Assumed: what a GPU rank holds outside TensorFlow's allocator (CUDA context,
 # cuBLAS/cuDNN workspaces, NCCL buffers).
