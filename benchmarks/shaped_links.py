@@ -50,6 +50,7 @@ from benchmarks.collective_time import timeline_seconds
 from benchmarks.harness import REPO, child_env, integers, parser_for, save, work_directory
 from benchmarks.train import per_step, worker_command
 from dataloading.synthetic import generate_split_binary
+from dlrm.planning.devices import DeviceSpec
 from tests.harness.netns import INTERFACE, NetnsCluster, install_reason
 from tests.harness.processes import horovodrun
 
@@ -158,31 +159,26 @@ def measure_training(
     }
 
 
-def host_share(local: dict[str, Any], ranks: int, link: dict[str, float]) -> dict[str, Any]:
-    """The device-table entry of one of `ranks` ranks sharing this machine's CPUs
-    (`local`: `local_device()` as a dict), each a host of its own behind `link`."""
-    share = 1 / ranks
-    return {
-        **local,
-        "name": DEVICE,
-        "memory_gib": local["memory_gib"] * share,
-        "fp32_tflops": local["fp32_tflops"] * share,
-        "fp16_tflops": local["fp16_tflops"] * share,
-        "memory_bandwidth_gb_s": local["memory_bandwidth_gb_s"] * share,
-        "inter_host_gbit_s": link["gbit_s"],
-        "inter_host_latency_us": link["latency_us"],
-        # A CPU server of one rank (its share): the dry run cuts its batch in chunks.
-        "shared_by_host_ranks": True,
-        "source": f"this machine's measured figures / {ranks} ranks; links measured",
-    }
+def host_share(local: DeviceSpec, ranks: int, link: dict[str, float]) -> DeviceSpec:
+    """One of `ranks` ranks sharing this machine (`local`, a CPU server: its share of
+    the compute, memory and bandwidth, `DeviceSpec.per_rank`), each a host of its own
+    behind `link`. It stays a CPU server (of one rank), so the dry run cuts its batch
+    into chunks as the rank does."""
+    return dataclasses.replace(
+        local.per_rank(ranks),
+        name=DEVICE,
+        inter_host_gbit_s=link["gbit_s"],
+        inter_host_latency_us=link["latency_us"],
+        source=f"this machine's measured figures / {ranks} ranks; links measured",
+    )
 
 
 def predict(
-    dataset: Path, batch_size: int, hosts: int, device: dict[str, Any], work: Path
+    dataset: Path, batch_size: int, hosts: int, device: DeviceSpec, work: Path
 ) -> dict[str, Any]:
     """The dry run's figures for this world (`python -m dlrm.planning`)."""
     table, output = work / "devices.json", work / "plan.json"
-    entry = {k: v for k, v in device.items() if k != "name"}
+    entry = {k: v for k, v in dataclasses.asdict(device).items() if k != "name"}
     table.write_text(json.dumps({DEVICE: entry}))
     command = [sys.executable, "-m", "dlrm.planning", f"--dataset_path={dataset}"]
     command += [f"--batch_size={batch_size}", f"--hosts={hosts}", "--ranks_per_host=1"]
@@ -208,13 +204,6 @@ def compare(measured: dict[str, float], predicted: dict[str, Any]) -> dict[str, 
         "compute": (predicted["compute_s"], measured["step_s"] - measured["exposed_s"]),
     }
     return {name: p / m - 1 for name, (p, m) in pairs.items()}
-
-
-def local_figures() -> dict[str, Any]:
-    """This machine's device entry, measured once (matmul, copy and runtime probes)."""
-    from dlrm.planning.probe import local_device
-
-    return dataclasses.asdict(local_device())
 
 
 def print_row(row: dict[str, Any]) -> None:
@@ -258,11 +247,14 @@ def main() -> int:
     args = parse_args()
     # Stopped, it still deletes its namespaces (NetnsCluster's exit).
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    local = local_figures()
+    from dlrm.planning.probe import local_device  # imports TensorFlow
+
+    local = local_device()  # measured once: matmul, copy and runtime probes
+    local_figures = dataclasses.asdict(local)
     print(
         f"this machine ({os.cpu_count()} CPUs, shared by every host): "
-        f"{1e3 * local['fp32_tflops']:.0f} GFLOP/s float32 matmul, "
-        f"{local['memory_bandwidth_gb_s']:.1f} GB/s copy"
+        f"{1e3 * local.fp32_tflops:.0f} GFLOP/s float32 matmul, "
+        f"{local.memory_bandwidth_gb_s:.1f} GB/s copy"
     )
     print(
         "default model, fp32, one rank per host; ms a step, measured and predicted; "
@@ -300,7 +292,7 @@ def main() -> int:
                         rows.append(row)
                         print_row(row)
                         if args.output:
-                            save({"local_device": local, "runs": rows}, args.output)
+                            save({"local_device": local_figures, "runs": rows}, args.output)
     return 0
 
 
