@@ -153,6 +153,7 @@ def assemble_run(
             collectives=collectives,
             dense_chunk_rows=resolved.dense_chunk_rows,
             initial_loss_scale=resolved.initial_loss_scale,
+            exchange_ids_ahead=config.exchange_ids_ahead,
         )
     predictor = Predictor(model, use_xla=config.xla, dense_chunk_rows=resolved.dense_chunk_rows)
     # Every rank starts from rank 0's dense weights (tables are initialised as slices).

@@ -98,6 +98,9 @@ class RunConfig:
     embedding_memory_budget_gib: float = 0.0  # per rank; 0: no limit
     bind_cpus: bool = True  # ranks sharing a host each on their own CPUs (dist.share_cpus)
     input_mode: str = "model_parallel"
+    # Under data-parallel input, the next batch's ids cross during this step
+    # (Trainer.train_step_agreeing); the same results either way.
+    exchange_ids_ahead: bool = True
     sharding_plan: str | None = None  # a plan JSON to use instead of planning
     # Precision and compilation
     amp: bool = False

@@ -198,6 +198,15 @@ flags.DEFINE_enum(
 )
 
 
+flags.DEFINE_bool(
+    "exchange_ids_ahead",
+    _D("exchange_ids_ahead"),
+    "With --input_mode data_parallel, the next batch's ids are exchanged during this "
+    "step's dense part instead of at the start of their own step (the same results). "
+    "--noexchange_ids_ahead: each step exchanges its own.",
+)
+
+
 flags.DEFINE_string(
     "sharding_plan",
     None,

@@ -283,10 +283,24 @@ class Embeddings(keras.layers.Layer):
 
     # ------------------------------------------------------------ the step
 
-    def forward(self, ids: Any, local_rows: Any, spans: Sequence[Span]) -> EmbeddingLookup:
+    @property
+    def exchanges_ids(self) -> bool:
+        """Whether ids cross between the ranks before the lookups, so that a step
+        can take them exchanged ahead (`exchange_ids`, `forward`'s `exchanged`)."""
+        return False
+
+    def exchange_ids(self, ids: Any, local_rows: Any) -> Any:
+        """The exchange of `ids` between the ranks alone, for a later `forward`
+        of the same ids (only where `exchanges_ids`)."""
+        raise ValueError(f"{type(self).__name__} exchanges no ids")
+
+    def forward(
+        self, ids: Any, local_rows: Any, spans: Sequence[Span], exchanged: Any = None
+    ) -> EmbeddingLookup:
         """The vectors of each span [start, stop) of the local rows (stop None:
         to the end), [rows, sum of D_t] in `output_dtype`, and what `backward`
-        needs. `ids` are what the loader gives this process."""
+        needs. `ids` are what the loader gives this process; `exchanged`, what
+        `exchange_ids` made of them, if it ran."""
         raise NotImplementedError
 
     def backward(

@@ -74,7 +74,11 @@ class LocalEmbeddings(Embeddings):
 
     # One process: ids are already here and the vectors stay here.
 
-    def forward(self, ids: Any, local_rows: Any, spans: Sequence[Span]) -> EmbeddingLookup:
+    def forward(
+        self, ids: Any, local_rows: Any, spans: Sequence[Span], exchanged: Any = None
+    ) -> EmbeddingLookup:
+        if exchanged is not None:
+            raise ValueError("forward: one process exchanges no ids")
         chunks = []
         for start, stop in spans:
             chunk_ids = ids if len(spans) == 1 else rows_of(ids, start, stop)

@@ -8,8 +8,9 @@ steps:
 
 1. **input distribution** (once per step): the rank gets the ids of the global
    batch for the tables it holds model-parallel shards of (model-parallel input:
-   the loader read them; data-parallel input: an alltoall of ids), and the ids
-   of its local rows for the replicated tables;
+   the loader read them; data-parallel input: an alltoall of ids, which the
+   trainer may run a step ahead, `exchange_ids`), and the ids of its local rows
+   for the replicated tables;
 2. **local lookup**: each shard pools its rows for the span's W l samples,
    [W l, width] (a row range contributes zeros for ids outside it), and each
    replicated table for the rank's l rows;
@@ -196,6 +197,16 @@ class RoutedIds(NamedTuple):
     local_ids: dict[int, tf.Tensor]
 
 
+class ExchangedIds(NamedTuple):
+    """Data-parallel input's alltoall of ids, run apart from the step that uses
+    them (`ShardedEmbeddings.exchange_ids`): ids [G, hotness] (or ragged) per
+    model-parallel table this rank holds shards of, and the exchange's receipt
+    (see `StepExchanges`), which the step that uses them folds into its own."""
+
+    global_ids: dict[int, tf.Tensor]
+    receipt: tf.Tensor
+
+
 class ShardedEmbeddings(Embeddings):
     """The embeddings layer under horovodrun, executing `plan`.
 
@@ -315,13 +326,37 @@ class ShardedEmbeddings(Embeddings):
 
     # ---------------------------------------------------------------- the step
 
-    def forward(self, ids: Any, local_rows: Any, spans: Sequence[Span]) -> EmbeddingLookup:
-        """Step 1 once, then steps 2 and 3 for each span: each span's vectors
-        cross between the ranks on their own, so that one span's exchange,
-        forward and backward, overlaps another span's dense part."""
-        anchor = tf.reshape(tf.nest.flatten(ids, expand_composites=True)[0], [-1])
-        exchanges = StepExchanges(self.collectives, anchor)
-        routed = self._input_distribution(ids, local_rows, exchanges)
+    @property
+    def exchanges_ids(self) -> bool:
+        """Whether ids cross between the ranks (data-parallel input, and some
+        rank holds a model-parallel shard): the same on every rank."""
+        return self.data_parallel_input and self.exchanges_vectors
+
+    def exchange_ids(self, ids: Any, local_rows: Any) -> ExchangedIds:
+        """Step 1's alltoall of ids alone, for `forward` to take as `exchanged`:
+        the trainer runs the next batch's in this step, where it overlaps this
+        step's dense part (`Trainer.train_step_agreeing`). The same ids, the
+        same vectors: only when they cross changes."""
+        if not self.exchanges_ids:
+            raise ValueError("exchange_ids: no ids cross between the ranks in this plan")
+        exchanges = StepExchanges(self.collectives, _anchor(ids))
+        by_table = self.ids_by_table(ids, self.input_tables)
+        global_ids = self._exchange_ids(by_table, local_rows, exchanges)
+        return ExchangedIds(global_ids, exchanges.receipt)
+
+    def forward(
+        self,
+        ids: Any,
+        local_rows: Any,
+        spans: Sequence[Span],
+        exchanged: ExchangedIds | None = None,
+    ) -> EmbeddingLookup:
+        """Step 1 once (its alltoall of ids already done when `exchanged` is
+        given), then steps 2 and 3 for each span: each span's vectors cross
+        between the ranks on their own, so that one span's exchange, forward and
+        backward, overlaps another span's dense part."""
+        exchanges = StepExchanges(self.collectives, _anchor(ids))
+        routed = self._input_distribution(ids, local_rows, exchanges, exchanged)
         chunks = []
         for k, (start, stop) in enumerate(spans):
             if stop is None or len(spans) == 1:  # the whole batch
@@ -366,13 +401,23 @@ class ShardedEmbeddings(Embeddings):
 
     # ----------------------------------------------------- 1. input distribution
 
-    def _input_distribution(self, ids: Any, local_rows: Any, exchanges: StepExchanges) -> RoutedIds:
+    def _input_distribution(
+        self,
+        ids: Any,
+        local_rows: Any,
+        exchanges: StepExchanges,
+        exchanged: ExchangedIds | None = None,
+    ) -> RoutedIds:
         by_table = self.ids_by_table(ids, self.input_tables)
+        if exchanged is not None:
+            if not self.exchanges_ids:
+                raise ValueError("forward: ids exchanged ahead, but none cross in this plan")
+            exchanges.receipt = exchanges.receipt + exchanged.receipt
+            local_ids = {t: by_table[t] for t in self.replicated_tables}
+            return RoutedIds(dict(exchanged.global_ids), local_ids)
         if self.data_parallel_input:
             global_ids = (
-                self._exchange_ids(by_table, local_rows, exchanges)
-                if self.exchanges_vectors
-                else {}
+                self._exchange_ids(by_table, local_rows, exchanges) if self.exchanges_ids else {}
             )
             local_ids = {t: by_table[t] for t in self.replicated_tables}
             return RoutedIds(global_ids, local_ids)
@@ -617,6 +662,12 @@ def _looked_up_rows(summed: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
     optimizers leave the same rows alone)."""
     rows = tf.cast(tf.where(summed[:, -1] > 0)[:, 0], tf.int32)
     return rows, tf.gather(summed[:, :-1], rows)
+
+
+def _anchor(ids: Any) -> tf.Tensor:
+    """[n]: a step's ids, from which `StepExchanges` makes what a rank with
+    nothing to send sends."""
+    return tf.reshape(tf.nest.flatten(ids, expand_composites=True)[0], [-1])
 
 
 def _chunk_name(name: str, chunk: int) -> str:

@@ -48,6 +48,7 @@ still those of the last good step.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import tensorflow as tf
 
@@ -127,6 +128,9 @@ class Trainer:
             embeddings layer exchanges its own). One process by default.
         initial_loss_scale: where float16's dynamic loss scale starts (None:
             `INITIAL_LOSS_SCALE`; unused without loss scaling).
+        exchange_ids_ahead: where the embeddings exchange ids between the ranks
+            (`Embeddings.exchanges_ids`), run the next batch's exchange during
+            this step when the caller names the next batch (`train_step_agreeing`).
     """
 
     def __init__(
@@ -140,6 +144,7 @@ class Trainer:
         collectives: Collectives | None = None,
         dense_chunk_rows: int = 0,
         initial_loss_scale: float | None = None,
+        exchange_ids_ahead: bool = True,
     ) -> None:
         self.model = model
         self.optimizer = optimizer
@@ -150,6 +155,11 @@ class Trainer:
         self.dense_chunk_rows = dense_chunk_rows
         self.collectives = collectives or Collectives()
         model.build_all()
+        self.exchanges_ids_ahead = exchange_ids_ahead and model.embeddings.exchanges_ids
+        # The next batch and its ids, exchanged during the step before it; and how
+        # many steps of this process took their ids so.
+        self._ahead: tuple[Batch, Any] | None = None
+        self.ids_exchanged_ahead = 0
         self.dense_variables = list(model.dense_variables)
         self.embedding_variables = [variable for _, variable in model.embeddings.local_shards()]
         optimizer.build(self.dense_variables, tables=self.embedding_variables)
@@ -174,6 +184,7 @@ class Trainer:
         # process's first step, the same graph) is skipped; so is the predictor's.
         self._dense_step = tf.function(self._dense_step_eager, jit_compile=use_xla, autograph=False)
         self._train_step = tf.function(self._train_step_eager, autograph=False)
+        self._exchange_ids = tf.function(model.embeddings.exchange_ids, autograph=False)
 
     # -------------------------------------------------------------- training
 
@@ -223,12 +234,33 @@ class Trainer:
             dense_gradients = [a + b for a, b in zip(dense_gradients, gradients, strict=True)]
         return loss, dense_gradients, [chunk[2] for chunk in chunks]
 
-    def _train_step_eager(self, batch: Batch, requests: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+    def _train_step_eager(
+        self,
+        batch: Batch,
+        requests: tf.Tensor,
+        exchanged: Any = None,
+        following: Batch | None = None,
+    ) -> tuple[Any, ...]:
+        """The step; with `exchanged`, the batch's ids as they crossed a step ahead,
+        and with `following`, the next batch, whose ids cross during this step's
+        dense part and are returned third."""
         learning_rate = self.learning_rate_at(self.step)
         embeddings = self.model.embeddings
         scale = self.loss_scale.scale if self.loss_scale else tf.constant(1.0)
         spans = chunk_bounds(batch.numerical.shape[0], self.dense_chunk_rows)
-        lookup = embeddings.forward(batch.categorical, tf.shape(batch.numerical)[0], spans)
+        rows = tf.shape(batch.numerical)[0]
+        if exchanged is None:
+            lookup = embeddings.forward(batch.categorical, rows, spans)
+        else:
+            lookup = embeddings.forward(batch.categorical, rows, spans, exchanged)
+        ahead = None
+        if following is not None:
+            # Once this step's vectors have crossed: the exchange then runs beside the
+            # dense part, when the ranks have nothing else to send.
+            with tf.control_dependencies([lookup.step.receipt]):
+                ahead = embeddings.exchange_ids(
+                    following.categorical, tf.shape(following.numerical)[0]
+                )
         loss, dense_gradients, vector_gradients = self._dense_gradients(
             spans,
             batch.numerical,
@@ -264,7 +296,9 @@ class Trainer:
         tf.cond(tf.logical_and(gradients_finite, loss_finite), update, lambda: None)
         self._record_outcome(loss, gradients_finite, loss_finite)
         self.step.assign_add(1)
-        return loss, verdict[2:] > 0
+        if ahead is None:
+            return loss, verdict[2:] > 0
+        return loss, verdict[2:] > 0, ahead
 
     def _verdict(
         self, loss: tf.Tensor, vector_gradients: list[tf.Tensor], requests: tf.Tensor
@@ -318,12 +352,34 @@ class Trainer:
         return self.train_step_agreeing(batch, [False] * len(REQUESTS))[0]
 
     def train_step_agreeing(
-        self, batch: Batch, requests: Sequence[bool]
+        self, batch: Batch, requests: Sequence[bool], following: Batch | None = None
     ) -> tuple[tf.Tensor, tf.Tensor]:
         """`train_step`, with this rank's `requests` (one bool per `REQUESTS`
         name): returns the loss and, per request, whether any rank made it; every
-        rank gets the same answer after the same step."""
-        return self._train_step(batch, tf.constant(requests, tf.float32))
+        rank gets the same answer after the same step.
+
+        `following`, when given, is the batch the next call trains on. Where ids
+        cross between the ranks (data-parallel input) and `exchange_ids_ahead`,
+        its ids then cross during this step's dense part instead of at the start
+        of its own step, off the step's critical path; the next call uses them
+        if its batch is that very object, and otherwise (a new epoch's reader,
+        a reset) exchanges its own. The ids, and so the results, are the same.
+        Every rank must name a following batch at the same steps (the ranks'
+        loops run alike), as every rank runs the same collectives."""
+        requested = tf.constant(requests, tf.float32)
+        carried, self._ahead = self._ahead, None
+        if not self.exchanges_ids_ahead or (carried is None and following is None):
+            return self._train_step(batch, requested)
+        if carried is not None and carried[0] is batch:
+            exchanged = carried[1]
+            self.ids_exchanged_ahead += 1
+        else:  # the first step of a run of them: its own ids cross alone, before it
+            exchanged = self._exchange_ids(batch.categorical, tf.shape(batch.numerical)[0])
+        if following is None:
+            return self._train_step(batch, requested, exchanged)
+        loss, agreed, ahead = self._train_step(batch, requested, exchanged, following)
+        self._ahead = (following, ahead)
+        return loss, agreed
 
     def learning_rate_at(self, step: tf.Tensor) -> tf.Tensor:
         """The learning rate of this run's 0-based `step`: the schedule's at

@@ -786,3 +786,93 @@ def test_every_rank_runs_the_same_collectives_in_a_traced_step(
     names = results[0]["trained"]
     (trainer_sum,) = [name for name in names if name.startswith("non_finite|")]
     assert names[trainer_sum] == STEPS
+
+
+@pytest.mark.parametrize(
+    ("kind", "hotness", "chunk_rows", "world_size"),
+    [
+        ("mixed", HOTNESS, 0, 2),
+        ("row_wise_rank", VARIABLE, 4, 2),  # ragged ids: a second id exchange ahead too
+        ("idle_rank", HOTNESS, 2, 3),  # ranks that receive ids they have no shard for
+    ],
+)
+def test_ids_exchanged_a_step_ahead_train_bit_for_bit_as_in_their_own_step(
+    kind: str, hotness: tuple[int, ...], chunk_rows: int, world_size: int
+) -> None:
+    """Data-parallel input with each step naming the next batch: the next batch's
+    ids cross during this step (only the first step's cross alone, before it), and
+    the weights, slots and losses are bit for bit those of steps that exchange
+    their own ids. A batch other than the one named exchanges its own again."""
+
+    def work(collectives: SimulatedCollectives) -> dict[str, Any]:
+        rank, world = collectives.rank, collectives.world_size
+        states: dict[str, Any] = {}
+        for mode in ("in_step", "ahead", "other_batch"):
+            trainer = rank_trainer(collectives, kind, "adam", True, hotness, chunk_rows)
+            assert trainer.exchanges_ids_ahead
+            alone = 0
+            exchange = trainer._exchange_ids
+
+            def counted(*args: Any, exchange: Any = exchange) -> Any:
+                nonlocal alone
+                alone += 1
+                return exchange(*args)
+
+            trainer._exchange_ids = counted
+            batches = [rank_batch(trainer, b, rank, world) for b in global_batches(hotness)]
+            losses = []
+            for step, batch in enumerate(batches):
+                following = None
+                if mode != "in_step" and step + 1 < len(batches):
+                    following = batches[step + 1]
+                if mode == "other_batch" and step == 1:
+                    batch = Batch(*batch)  # equal, but not the batch named: exchanged again
+                loss, _ = trainer.train_step_agreeing(batch, [False, False], following)
+                losses.append(float(loss))
+            trainer.check_finite()
+            states[mode] = {**trained_state(trainer, losses), "alone": alone}
+        states["collectives"] = collectives.collective_names()
+        return states
+
+    results = run_ranks(world_size, work, timeout_s=40)
+    for rank, result in enumerate(results):
+        assert result["in_step"]["alone"] == 0
+        assert result["ahead"]["alone"] == 1  # the first step's; the others' crossed ahead
+        assert result["other_batch"]["alone"] == 2
+        # Every step's ids crossed once in each mode, and in "other_batch" the named
+        # batch's too (unused).
+        assert result["collectives"]["embedding_ids"] == 3 * STEPS + 1, rank
+        expected = result["in_step"]
+        for mode in ("ahead", "other_batch"):
+            ours = result[mode]
+            np.testing.assert_array_equal(ours["losses"], expected["losses"], err_msg=mode)
+            for position, (a, b) in enumerate(zip(ours["dense"], expected["dense"], strict=True)):
+                np.testing.assert_array_equal(a, b, err_msg=f"rank {rank} {mode} dense {position}")
+            for (shard, a, a_slots), (_, b, b_slots) in zip(
+                ours["shards"], expected["shards"], strict=True
+            ):
+                np.testing.assert_array_equal(a, b, err_msg=f"rank {rank} {mode} {shard.name}")
+                for name in a_slots:
+                    np.testing.assert_array_equal(a_slots[name], b_slots[name], err_msg=name)
+    assert_trained_as_one_process(
+        [result["ahead"] for result in results], one_process("adam", hotness), "adam"
+    )
+
+
+def test_one_process_and_model_parallel_input_ignore_a_following_batch() -> None:
+    """Where no ids cross between the ranks, naming the next batch changes nothing."""
+    expected = one_process("sgd")
+    keras.utils.set_random_seed(1)  # as one_process's
+    trainer = make_trainer("sgd", None, None, HOTNESS)
+    assert not trainer.exchanges_ids_ahead
+    batches = [rank_batch(trainer, b) for b in global_batches()]
+    losses = [
+        float(trainer.train_step_agreeing(batch, [False, False], following)[0])
+        for batch, following in zip(batches, [*batches[1:], None], strict=True)
+    ]
+    np.testing.assert_array_equal(losses, expected["losses"])
+
+    def work(collectives: SimulatedCollectives) -> bool:
+        return rank_trainer(collectives, "mixed", "sgd", False).exchanges_ids_ahead
+
+    assert run_ranks(2, work) == [False, False]

@@ -222,8 +222,8 @@ class TrainingLoop:
             epoch, position = self.horizon.epoch_and_position(self.step)
             segment_start = time.perf_counter()
             reader[:] = [self.data.batches(start=position)]
-            for batch in reader[0]:
-                stopped, timed = self._step(batch, epoch, signals)
+            for batch, following in self._with_following(reader[0]):
+                stopped, timed = self._step(batch, following, epoch, signals)
                 if stopped:
                     self.train_seconds += time.perf_counter() - segment_start
                     return True
@@ -236,11 +236,27 @@ class TrainingLoop:
             self.train_seconds += time.perf_counter() - segment_start
         return False
 
-    def _step(self, batch: Batch, epoch: int, signals: StopSignals) -> tuple[bool, bool]:
+    def _with_following(self, batches: Iterator[Batch]) -> Iterator[tuple[Batch, Batch | None]]:
+        """Each batch of the epoch with the one after it, when the trainer exchanges
+        the next batch's ids during a step (`Trainer.train_step_agreeing`) and the
+        next step is within the horizon; else None (the same on every rank)."""
+        if not self.trainer.exchanges_ids_ahead:
+            yield from ((batch, None) for batch in batches)
+            return
+        batch = next(batches, None)
+        step = self.step
+        while batch is not None:
+            following = None if self.horizon.reached(step + 1) else next(batches, None)
+            yield batch, following
+            batch, step = following, step + 1
+
+    def _step(
+        self, batch: Batch, following: Batch | None, epoch: int, signals: StopSignals
+    ) -> tuple[bool, bool]:
         """One training step with this rank's requests; returns what every rank
         agreed: whether to stop, and whether rank 0's checkpoint interval passed."""
         requests = [signals.seen is not None, self.checkpoints.asks_for_time()]
-        loss, agreed = self.trainer.train_step_agreeing(batch, requests)
+        loss, agreed = self.trainer.train_step_agreeing(batch, requests, following)
         self.step += 1
         stopped, timed = (bool(flag) for flag in agreed.numpy())
         self.progress.step = self.step
@@ -320,6 +336,8 @@ class TrainingLoop:
             **(eval_record(self.last_result) if self.last_result is not None else {}),
             "checkpoint": str(self.checkpoint_path) if self.checkpoint_path else None,
             "world_size": self.assembled.collectives.world_size,
+            # Steps whose ids crossed between the ranks during the step before.
+            "ids_exchanged_ahead": self.trainer.ids_exchanged_ahead,
             **peak_memory(),  # rank 0's
         }
         if preempted:
