@@ -107,6 +107,11 @@ def _time_lines(data: dict[str, Any]) -> list[str]:
         share = seconds / total if total else 0.0
         lines.append(f"  {_TIME_LABELS[term]:<30} {seconds * 1e3:>10.3f} ms  {share:>6.1%}")
     lines.append(f"  {'total':<30} {total * 1e3:>10.3f} ms")
+    if step["alltoall_ids_hidden_s"]:
+        lines.append(
+            f"  (and {step['alltoall_ids_hidden_s'] * 1e3:.3f} ms of the ids' alltoall behind "
+            "the dense part of the step before: --exchange_ids_ahead)"
+        )
     lines.append(
         f"alltoall bytes within a host {step['alltoall_intra_host_share']:.1%}, between "
         f"hosts {step['alltoall_inter_host_share']:.1%}"

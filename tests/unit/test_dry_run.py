@@ -100,7 +100,7 @@ def test_the_alltoall_slows_down_with_the_link_between_hosts() -> None:
 
 
 def test_each_round_of_collectives_pays_the_overhead_once() -> None:
-    model = dcnv2(input_mode="data_parallel")
+    model = dcnv2(input_mode="data_parallel", exchange_ids_ahead=False)
     overhead = 2500.0
     without = dry_run(model, World(2, 8, dataclasses.replace(H100, collective_overhead_us=0)))
     with_it = dry_run(
@@ -123,8 +123,32 @@ def test_each_round_of_collectives_pays_the_overhead_once() -> None:
 
 
 def test_data_parallel_input_exchanges_ids() -> None:
-    result = dry_run(dcnv2(input_mode="data_parallel"), World(2, 8, H100), max_hosts=2)
+    result = dry_run(
+        dcnv2(input_mode="data_parallel", exchange_ids_ahead=False), World(2, 8, H100), max_hosts=2
+    )
     assert result.step.alltoall_ids > 0
+
+
+@pytest.mark.parametrize(
+    ("hosts", "overhead_us", "outlasts"),
+    [(1, 0.0, False), (8, 5000.0, True)],  # NVLink alone; 8 hosts and slow rounds
+)
+def test_ids_exchanged_ahead_leave_the_step_only_what_outlasts_the_dense_part(
+    hosts: int, overhead_us: float, outlasts: bool
+) -> None:
+    """Under --exchange_ids_ahead the ids' alltoall runs beside the step before's
+    dense compute: hidden up to its length, the rest still on the step."""
+    world = World(hosts, 8, dataclasses.replace(H100, collective_overhead_us=overhead_us))
+    own = dry_run(dcnv2(input_mode="data_parallel", exchange_ids_ahead=False), world).step
+    ahead = dry_run(dcnv2(input_mode="data_parallel"), world).step
+    assert own.alltoall_ids > 0 and own.alltoall_ids_hidden == 0
+    hidden = min(own.alltoall_ids, own.dense_compute)
+    assert ahead.alltoall_ids_hidden == pytest.approx(hidden)
+    assert ahead.alltoall_ids == pytest.approx(own.alltoall_ids - hidden)
+    assert ahead.total == pytest.approx(own.total - hidden)
+    assert (own.alltoall_ids > own.dense_compute) == outlasts
+    assert (ahead.alltoall_ids > 0) == outlasts
+    assert ahead.to_dict()["alltoall_ids_hidden_s"] == ahead.alltoall_ids_hidden
 
 
 # A device of 24 MiB and no runtime, for a table of 30.5 MiB that fits 2 ranks only.
