@@ -41,6 +41,7 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -131,13 +132,21 @@ def measure_link(cluster: NetnsCluster, seconds: float = 3.0) -> dict[str, float
 
 
 def measure_training(
-    cluster: NetnsCluster, dataset: Path, batch_size: int, args: argparse.Namespace, work: Path
+    cluster: NetnsCluster,
+    dataset: Path,
+    batch_size: int,
+    args: argparse.Namespace,
+    work: Path,
+    train_flags: Sequence[str] = (),
 ) -> dict[str, float]:
-    """The default model's step on one rank per host, and its collectives' time."""
+    """The step on one rank per host of the default model (or of dlrm-train's
+    `train_flags`), and its collectives' time."""
     hosts = ",".join(f"{host.name}:1" for host in cluster.members)
     output, timeline = work / "ranks.json", work / "timeline.json"
     timeline.unlink(missing_ok=True)
-    worker = worker_command(dataset, batch_size, args.steps, args.warmup, output)
+    worker = worker_command(
+        dataset, batch_size, args.steps, args.warmup, output, train_flags=train_flags
+    )
     command = [horovodrun(), "--gloo", "-np", str(len(cluster.members)), "-H", hosts]
     command += ["--network-interface", INTERFACE, *worker]
     # Each rank is alone on its "host", so it would size TensorFlow's pool to every
@@ -174,13 +183,19 @@ def host_share(local: DeviceSpec, ranks: int, link: dict[str, float]) -> DeviceS
 
 
 def predict(
-    dataset: Path, batch_size: int, hosts: int, device: DeviceSpec, work: Path
+    dataset: Path,
+    batch_size: int,
+    hosts: int,
+    device: DeviceSpec,
+    work: Path,
+    train_flags: Sequence[str] = (),
 ) -> dict[str, Any]:
-    """The dry run's figures for this world (`python -m dlrm.planning`)."""
+    """The dry run's figures for this world (`python -m dlrm.planning`), of the
+    default model or of dlrm-train's `train_flags`."""
     table, output = work / "devices.json", work / "plan.json"
     entry = {k: v for k, v in dataclasses.asdict(device).items() if k != "name"}
     table.write_text(json.dumps({DEVICE: entry}))
-    command = [sys.executable, "-m", "dlrm.planning", f"--dataset_path={dataset}"]
+    command = [sys.executable, "-m", "dlrm.planning", *train_flags, f"--dataset_path={dataset}"]
     command += [f"--batch_size={batch_size}", f"--hosts={hosts}", "--ranks_per_host=1"]
     command += [f"--device_table={table}", f"--device={DEVICE}", f"--json={output}"]
     result = subprocess.run(command, capture_output=True, text=True, env=child_env(), cwd=REPO)

@@ -31,6 +31,7 @@ import os
 import sys
 import time
 from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -56,7 +57,7 @@ from dlrm.app.reporting import MetricsLog
 from dlrm.distributed.collectives import Collectives, create_collectives
 from dlrm.model.config import dense_training_flops
 from dlrm.train import precision
-from dlrm.train.trainer import Trainer
+from dlrm.train.trainer import REQUESTS, Trainer
 from feature_spec import FeatureSpec
 from tests.harness.processes import on_ranks
 
@@ -105,30 +106,66 @@ def time_variant(
     return steps * batch_size / elapsed, final
 
 
+def worker_config(
+    dataset: Path, batch_size: int, amp: bool, train_flags: Sequence[str] = ()
+) -> RunConfig:
+    """The worker's run: the default model, or dlrm-train's `train_flags` (a
+    flagfile among them) with the dataset, batch size and precision given."""
+    if not train_flags:
+        return RunConfig(dataset_path=str(dataset), batch_size=batch_size, amp=amp)
+    from absl import flags
+
+    from dlrm.app.flags import config_from_flags, resolve_flagfiles
+
+    argv = [*resolve_flagfiles(train_flags), f"--dataset_path={dataset}"]
+    argv += [f"--batch_size={batch_size}", *["--amp"] * amp]
+    flags.FLAGS.unparse_flags()
+    flags.FLAGS(["worker", *argv])
+    return config_from_flags()
+
+
+def train_steps(trainer: Trainer, batches: Sequence[Any], then: Any = None) -> None:
+    """A step of each batch, each naming the one after it (the last, `then`), as
+    main.py's loop does: where the ids cross between the ranks, the next batch's
+    then cross during this step (`Trainer.train_step_agreeing`)."""
+    for position, batch in enumerate(batches):
+        following = batches[position + 1] if position + 1 < len(batches) else then
+        trainer.train_step_agreeing(batch, [False] * len(REQUESTS), following)[0].numpy()
+
+
 def rank_worker(
-    dataset: Path, batch_size: int, steps: int, warmup: int, output: Path, amp: bool = False
+    dataset: Path,
+    batch_size: int,
+    steps: int,
+    warmup: int,
+    output: Path,
+    amp: bool = False,
+    train_flags: Sequence[str] = (),
 ) -> None:
     """One rank of the `--np` measurement (under horovodrun, or alone): times
     `steps` training steps, then traces as many with the TensorFlow profiler for
     the time in them in which the rank ran no op (`collective_time.idle_seconds`);
     rank 0 writes every rank's figures to `output` as JSON."""
     collectives = create_collectives()
-    config = RunConfig(dataset_path=str(dataset), batch_size=batch_size, amp=amp)
+    config = worker_config(dataset, batch_size, amp, train_flags)
     assembled, trainer = assembled_trainer(config, collectives)
     data = SplitBinaryDataset(assembled.spec, "train", assembled.shard(batch_size))
     batches = list(data.to_tf_dataset().take(steps + warmup))
-    for batch in batches[:warmup]:
-        trainer.train_step(batch).numpy()
+    timed = batches[warmup:]
+    # Each step names the next, across the barriers too: a timed step's ids never
+    # cross alone, as none of a long run's do but its first. (Where no ids cross,
+    # naming one changes nothing.)
+    train_steps(trainer, batches[:warmup], then=timed[0])
     collectives.barrier()
     start = time.perf_counter()
-    for batch in batches[warmup:]:
-        trainer.train_step(batch).numpy()
+    train_steps(trainer, timed, then=timed[0])
     elapsed = time.perf_counter() - start
     trace = output.parent / f"{output.stem}_profile_rank{collectives.rank}"
     collectives.barrier()
     tf.profiler.experimental.start(str(trace))
-    for batch in batches[warmup:]:
-        trainer.train_step(batch).numpy()
+    # The last step names a batch too, so that every traced step runs the step the
+    # timed ones ran, not a step function traced anew.
+    train_steps(trainer, timed, then=timed[0])
     tf.profiler.experimental.stop()
     idle, traced, traced_steps = idle_seconds(trace)
     mine = {
@@ -151,11 +188,18 @@ def rank_worker(
 
 
 def worker_command(
-    dataset: Path, batch_size: int, steps: int, warmup: int, output: Path, amp: bool = False
+    dataset: Path,
+    batch_size: int,
+    steps: int,
+    warmup: int,
+    output: Path,
+    amp: bool = False,
+    train_flags: Sequence[str] = (),
 ) -> list[str]:
     """One rank of the `--np` measurement (`rank_worker`) as a command."""
     flags = [f"--batch_size={batch_size}", f"--steps={steps}", f"--warmup={warmup}"]
     flags += [f"--output={output}", *["--amp"] * amp]
+    flags += [f"--train_flag={flag}" for flag in train_flags]
     return [sys.executable, str(Path(__file__).resolve()), f"--worker={dataset}", *flags]
 
 
@@ -222,6 +266,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--output", type=Path, help="also write the results as JSON")
     parser.add_argument("--worker", type=Path, help=argparse.SUPPRESS)  # one rank of --np
     parser.add_argument("--amp", action="store_true", help=argparse.SUPPRESS)  # of --worker
+    # Of --worker: a dlrm-train flag of the model to train instead of the default.
+    parser.add_argument("--train_flag", action="append", default=[], help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.np == 1 or args.np < 0:
         parser.error(f"--np: expected 0 (off) or >= 2 ranks, got {args.np}")
@@ -237,7 +283,15 @@ def parse_args() -> argparse.Namespace:
 def main() -> int:
     args = parse_args()
     if args.worker:
-        rank_worker(args.worker, args.batch_size, args.steps, args.warmup, args.output, args.amp)
+        rank_worker(
+            args.worker,
+            args.batch_size,
+            args.steps,
+            args.warmup,
+            args.output,
+            args.amp,
+            args.train_flag,
+        )
         return 0
     peaks = {"float32": matmul_gflops(tf.float32), "bfloat16": matmul_gflops(tf.bfloat16)}
     print(

@@ -26,7 +26,8 @@ compute dtype's bytes (2 under `--amp`, else 4) and w = the vectors' wire bytes
   receives (`L x dim x w`, once per row-wise shard, whose partial sums cross
   apart), both twice (vectors, then their gradients); the ids (8 bytes each: the
   global batch's ids of its tables under model-parallel input, plus its own rows'
-  ids of the others when they are exchanged, `--input_mode data_parallel`); the
+  ids of the others when they are exchanged, `--input_mode data_parallel`, and then,
+  under `--exchange_ids_ahead`, the next batch's ids of its tables too); the
   replicated tables' gradient exchange (dense: the [rows, dim + 1] sum; sparse:
   the G x hotness rows of dim + 1 values gathered from every rank);
 - **runtime**: the device table's baseline (TensorFlow, Horovod, the CUDA
@@ -147,6 +148,7 @@ def rank_memory(
     planned = plan.memory_per_rank()
     values, lookups, exchange = [0] * size, [0] * size, [0] * size
     receive, replicated = 0, 0
+    ids_ahead = size > 1 and config.input_mode == "data_parallel" and config.exchange_ids_ahead
     for table in plan.tables:
         spec = table.spec
         if table.kind == DATA_PARALLEL:
@@ -164,6 +166,8 @@ def rank_memory(
             lookups[r] += 2 * rows * spec.hotness * shard.width * spec.dtype_bytes
             if table.kind != DATA_PARALLEL:
                 exchange[r] += batch * spec.hotness * ID_BYTES
+                if ids_ahead:  # the next batch's, exchanged during this step
+                    exchange[r] += batch * spec.hotness * ID_BYTES
                 exchange[r] += 2 * batch * shard.width * a if size > 1 else 0
     return [
         RankMemory(

@@ -18,6 +18,7 @@ from dlrm.planning.cli import TABLES_FROM_FLAGS
 from dlrm.planning.devices import BUILTIN_DEVICES, DeviceSpec, device_named, device_table
 from dlrm.planning.dry_run import Model, dry_run
 from dlrm.planning.errors import DryRunError
+from dlrm.planning.memory import ID_BYTES
 from dlrm.planning.report import format_dry_run
 from dlrm.planning.world import World
 from feature_spec.criteo import (
@@ -139,8 +140,21 @@ def test_ids_exchanged_ahead_leave_the_step_only_what_outlasts_the_dense_part(
     """Under --exchange_ids_ahead the ids' alltoall runs beside the step before's
     dense compute: hidden up to its length, the rest still on the step."""
     world = World(hosts, 8, dataclasses.replace(H100, collective_overhead_us=overhead_us))
-    own = dry_run(dcnv2(input_mode="data_parallel", exchange_ids_ahead=False), world).step
-    ahead = dry_run(dcnv2(input_mode="data_parallel"), world).step
+    own_run = dry_run(dcnv2(input_mode="data_parallel", exchange_ids_ahead=False), world)
+    ahead_run = dry_run(dcnv2(input_mode="data_parallel"), world)
+    own, ahead = own_run.step, ahead_run.step
+    # A rank holds the next batch's ids of its model-parallel shards a step longer.
+    plan = ahead_run.placement.plan
+    assert plan == own_run.placement.plan
+    batch = ahead_run.model.config.batch_size
+    held = [0] * world.size
+    for table in plan.tables:
+        if table.kind != "data_parallel":
+            for shard in table.shards:
+                held[shard.rank] += batch * table.spec.hotness * ID_BYTES
+    assert sum(held) > 0
+    for ours, theirs in zip(ahead_run.placement.memory, own_run.placement.memory, strict=True):
+        assert ours.exchange - theirs.exchange == held[ours.rank]
     assert own.alltoall_ids > 0 and own.alltoall_ids_hidden == 0
     hidden = min(own.alltoall_ids, own.dense_compute)
     assert ahead.alltoall_ids_hidden == pytest.approx(hidden)
