@@ -8,7 +8,9 @@ autodiff:
 1. the embeddings' forward pass (`Embeddings.forward`): the vectors of each
    chunk of the rank's rows (`dense_chunk_rows`; one chunk of the whole batch by
    default), which cross between the ranks chunk by chunk when tables are
-   sharded, so that one chunk's exchange overlaps another chunk's dense part;
+   sharded, so that one chunk's exchange overlaps another chunk's dense part
+   (where ids cross between the ranks, the next batch's cross during this
+   step's dense part: `train_step_agreeing`);
 2. the dense part: bottom MLP, interaction, top MLP, loss and the gradients of
    the loss with respect to the dense weights *and the vectors*, in one
    function that `--xla` compiles with `jit_compile=True`, run over the chunks
