@@ -250,11 +250,9 @@ class Trainer:
         embeddings = self.model.embeddings
         scale = self.loss_scale.scale if self.loss_scale else tf.constant(1.0)
         spans = chunk_bounds(batch.numerical.shape[0], self.dense_chunk_rows)
-        rows = tf.shape(batch.numerical)[0]
-        if exchanged is None:
-            lookup = embeddings.forward(batch.categorical, rows, spans)
-        else:
-            lookup = embeddings.forward(batch.categorical, rows, spans, exchanged)
+        lookup = embeddings.forward(
+            batch.categorical, tf.shape(batch.numerical)[0], spans, exchanged
+        )
         ahead = None
         if following is not None:
             # Once this step's vectors have crossed: the exchange then runs beside the
