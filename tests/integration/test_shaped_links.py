@@ -36,7 +36,10 @@ def test_the_smallest_shaped_run_reports_every_figure(tmp_path: Path) -> None:
     assert 0 < row["link"]["gbit_s"] <= GBIT_S * 1.01, row["link"]
     assert row["link"]["latency_us"] > 0
     measured, predicted = row["measured"], row["predicted"]
-    assert measured["step_s"] > measured["exposed_s"] > 0, measured
+    # The exposed time is part of the traced steps it was measured in (the timed
+    # steps ran apart: nearly all waiting at this rate, either may be the longer).
+    assert measured["step_s"] > 0 and measured["exposed_s"] > 0, measured
+    assert 0 < measured["exposed_share"] < 1, measured
     assert measured["executing_s"] > 0, measured
     terms = predicted["terms"]
     assert predicted["compute_s"] == pytest.approx(sum(terms[t] for t in COMPUTE_TERMS))
