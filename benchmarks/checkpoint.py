@@ -36,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script 
 
 import numpy as np
 
-from benchmarks.harness import (
+from benchmarks.common import (
     add_output_flags,
     last_json_line,
     parser_for,

@@ -24,7 +24,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
-from benchmarks.harness import (
+from benchmarks.common import (
     REPO,
     TABLES,
     add_output_flags,
@@ -35,7 +35,7 @@ from benchmarks.harness import (
 )
 from dataloading.synthetic import generate_split_binary
 from dlrm.app.records import read_records
-from tests.harness.processes import main_py_command
+from harness.processes import main_py_command
 
 DIM = 128
 BATCH = 8192

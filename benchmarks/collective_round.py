@@ -25,8 +25,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-from benchmarks.harness import integers, parser_for, run_checked, save, work_directory
-from tests.harness.processes import horovodrun
+from benchmarks.common import integers, parser_for, run_checked, save, work_directory
+from harness.processes import horovodrun
 
 WARMUP = 20
 

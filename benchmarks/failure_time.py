@@ -9,7 +9,7 @@ Under `horovodrun --gloo -np 2`, `main.py` trains a model whose largest table is
 checkpoint; the planner slices it by columns over both ranks). Then:
 
 1. `save`: the same run, but rank 1's disk "fills up" as it starts writing its
-   shards (`tests/integration/scripts/fail_on_rank.py`, the fault the tests
+   shards (`harness/scripts/fail_on_rank.py`, the fault the tests
    inject); rank 0 still writes its half (1 GiB) before it learns of the failure;
 2. `restore`: a run resuming from the 2 GiB checkpoint in which rank 1's first
    read fails; rank 0 restores its half first;
@@ -32,7 +32,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
-from benchmarks.harness import (
+from benchmarks.common import (
     REPO,
     add_output_flags,
     child_env,
@@ -41,13 +41,13 @@ from benchmarks.harness import (
     work_directory,
 )
 from dataloading.synthetic import generate_split_binary
-from tests.harness.processes import on_ranks
+from harness.processes import on_ranks
 
 DIM = 128
 FLAGS = ["--optimizer=adagrad", "--learning_rate=0.05", "--warmup_steps=0", "--decay_start_step=0"]
 FLAGS += [f"--embedding_dim={DIM}", f"--bottom_mlp_dims=16,{DIM}", "--top_mlp_dims=16,1"]
 FLAGS += ["--batch_size=1024", "--max_steps=2", "--evals_per_epoch=0"]
-FAIL_ON_RANK = "tests/integration/scripts/fail_on_rank.py"
+FAIL_ON_RANK = "harness/scripts/fail_on_rank.py"
 
 
 def two_ranks(*args: str) -> list[str]:

@@ -11,7 +11,7 @@ On one process, with synthetic data generated once, it checks:
   the run exits 0 with every progress loss finite, that the loss falls (the
   mean of the last losses, `LOSS_WINDOW`, below the first step's), with its
   samples/s (the median of the progress records after the first, as
-  `harness.progress_rate` reads them) and its peak memory (the run's summary:
+  `common.progress_rate` reads them) and its peak memory (the run's summary:
   the GPU allocator's peak, or the process's peak RSS without a GPU);
 - the same fp32 steps on the CPU (`CUDA_VISIBLE_DEVICES=-1`) from the same
   seed on the same data: every array of the two final checkpoints within
@@ -52,7 +52,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-from benchmarks.harness import (
+from benchmarks.common import (
     LEARNING_RATES,
     REPO,
     TIMEOUT_S,
@@ -326,7 +326,7 @@ def relative_differences(actual: str, expected: str) -> dict[str, float]:
     import numpy as np
 
     from dlrm.checkpoint.reader import Checkpoint
-    from tests.harness.checkpoints import checkpoint_arrays
+    from harness.checkpoints import checkpoint_arrays
 
     ours, theirs = checkpoint_arrays(Checkpoint(actual)), checkpoint_arrays(Checkpoint(expected))
     if sorted(ours) != sorted(theirs):

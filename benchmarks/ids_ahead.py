@@ -35,11 +35,11 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
-from benchmarks.harness import integers, parser_for, save, work_directory
+from benchmarks.common import integers, parser_for, save, work_directory
 from benchmarks.shaped_links import host_share, measure_link, measure_training, predict
 from dataloading.synthetic import generate_split_binary
 from feature_spec import CRITEO_1TB_MLPERF_CARDINALITIES, MLPERF_DCNV2_MULTI_HOT_SIZES
-from tests.harness.netns import NetnsCluster, install_reason
+from harness.netns import NetnsCluster, install_reason
 
 FLAGS = (
     "--flagfile=dlrm/flagfiles/mlperf_dcnv2_small.flags",

@@ -37,7 +37,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import numpy as np
 import tensorflow as tf
 
-from benchmarks.harness import integers, parser_for, work_directory
+from benchmarks.common import integers, parser_for, work_directory
 from dataloading.files import SplitBinaryFiles, check_id_rows
 from dataloading.split_binary import InputMode, ShardSpec, SplitBinaryDataset
 from dataloading.synthetic import generate_split_binary

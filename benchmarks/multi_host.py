@@ -4,7 +4,7 @@
         [--output results.json]
 
 Builds two "hosts" on this machine (network namespaces with their own address,
-hostname and sshd: `tests.harness.netns`, root needed), generates a
+hostname and sshd: `harness.netns`, root needed), generates a
 synthetic Criteo-shaped dataset, and times the default fp32 model's training
 steps (`benchmarks/train.py`'s rank worker: then as many steps traced by the
 profiler, for the time in them in which a rank runs no op, waiting on its
@@ -32,11 +32,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
-from benchmarks.harness import REPO, child_env, parser_for, save, work_directory
+from benchmarks.common import REPO, child_env, parser_for, save, work_directory
 from benchmarks.train import per_step, worker_command
 from dataloading.synthetic import generate_split_binary
-from tests.harness.netns import INTERFACE, NetnsCluster, install_reason
-from tests.harness.processes import horovodrun
+from harness.netns import INTERFACE, NetnsCluster, install_reason
+from harness.processes import horovodrun
 
 LAYOUTS = {
     "1 host x 2 ranks": ["-H", "node1:2"],

@@ -21,7 +21,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
-from benchmarks.harness import REPO, parser_for, run_checked, work_directory
+from benchmarks.common import REPO, parser_for, run_checked, work_directory
 from dlrm.app.records import last_record
 
 FLAGS = ["--optimizer=adam", "--learning_rate=0.01", "--warmup_steps=0", "--decay_start_step=0"]

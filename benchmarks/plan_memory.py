@@ -49,7 +49,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import psutil
 
-from benchmarks.harness import (
+from benchmarks.common import (
     child_env,
     cpu_model,
     integers,
@@ -61,7 +61,7 @@ from benchmarks.harness import (
 from benchmarks.process_tree import high_water_mark
 from dlrm.app.records import last_record
 from feature_spec import CRITEO_1TB_MLPERF_CARDINALITIES, MLPERF_DCNV2_MULTI_HOT_SIZES
-from tests.harness.processes import REPO, main_py_command
+from harness.processes import REPO, main_py_command
 
 # The default model at a size whose tables (four of 1,000,000 x 64, and two small,
 # replicated ones) and Adagrad's accumulators outweigh TensorFlow's own footprint;

@@ -37,7 +37,7 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
-from benchmarks.harness import parser_for, run_checked, save, work_directory
+from benchmarks.common import parser_for, run_checked, save, work_directory
 from benchmarks.process_tree import tree_cpu_seconds, tree_rss
 from preproc.config import PipelineConfig, last_day_test_config
 from preproc.pipeline import run_pipeline

@@ -30,7 +30,7 @@ import numpy as np
 import tensorflow as tf
 
 from benchmarks.collective_time import newest_trace
-from benchmarks.harness import ROWS_PER_TABLE, TABLES, parser_for, work_directory
+from benchmarks.common import ROWS_PER_TABLE, TABLES, parser_for, work_directory
 from benchmarks.train import assembled_trainer
 from dataloading.split_binary import Batch
 from dataloading.synthetic import generate_split_binary

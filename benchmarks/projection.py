@@ -53,7 +53,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from absl import flags
 
-from benchmarks.harness import parser_for, save
+from benchmarks.common import parser_for, save
 from dlrm.app.config import ConfigError
 from dlrm.app.flags import resolve_flagfiles
 from dlrm.embedding.planner.types import PlanError
@@ -64,7 +64,7 @@ from dlrm.planning.errors import DryRunError
 from dlrm.planning.world import World
 from feature_spec import FeatureSpecError
 from feature_spec.criteo import CRITEO_1TB_MLPERF_CARDINALITIES, MLPERF_DCNV2_MULTI_HOT_SIZES
-from tests.harness.processes import REPO
+from harness.processes import REPO
 
 FLAGS = flags.FLAGS
 

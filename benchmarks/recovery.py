@@ -5,7 +5,7 @@ to the first step on the hosts that are left.
         [--steps 400] [--dir PARENT] [--json PATH]
 
 Builds three "hosts" on this machine (network namespaces with their own address,
-hostname and sshd: `tests.harness.netns`, root needed), and for each
+hostname and sshd: `harness.netns`, root needed), and for each
 failure launches `main.py` on them under `horovodrun --gloo --host-discovery-script`
 (one rank per host, a checkpoint every 20 steps), waits for the checkpoint at step
 40 and 5 more steps, then fails node3 (it stays listed, but horovodrun does not
@@ -33,10 +33,10 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
-from benchmarks.harness import add_output_flags, parser_for, save, work_directory
+from benchmarks.common import add_output_flags, parser_for, save, work_directory
 from dataloading.synthetic import generate_split_binary
-from tests.harness.elastic_job import ElasticJob
-from tests.harness.netns import NetnsCluster, install_reason
+from harness.elastic_job import ElasticJob
+from harness.netns import NetnsCluster, install_reason
 
 HOSTS = ("node1", "node2", "node3")
 CARDINALITIES = (200_000, 100_000, 50_000, 10_000, 1_000, 100, 30, 7)

@@ -33,7 +33,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import numpy as np
 
-from benchmarks.harness import (
+from benchmarks.common import (
     add_output_flags,
     cpu_model,
     default_dataset,
@@ -43,7 +43,7 @@ from benchmarks.harness import (
     save,
     work_directory,
 )
-from tests.harness.export import export_checkpoint
+from harness.export import export_checkpoint
 
 MODELS = ("float32", "int8")
 

@@ -4,7 +4,7 @@
         [--batch_sizes 6144,24576] [--steps 8] [--warmup 3] [--output results.json]
 
 For each number of hosts it builds that many "hosts" on this machine (network
-namespaces with their own address, hostname and sshd: `tests.harness.netns`, root
+namespaces with their own address, hostname and sshd: `harness.netns`, root
 needed), one rank each; for each link speed it limits every host's link to it in
 both directions (`tc tbf`: `NetnsCluster.shape`) and measures what the link then
 does (TCP throughput in one direction, and the round trip of a small message);
@@ -48,12 +48,12 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
 from benchmarks.collective_time import timeline_seconds
-from benchmarks.harness import REPO, child_env, integers, parser_for, save, work_directory
+from benchmarks.common import REPO, child_env, integers, parser_for, save, work_directory
 from benchmarks.train import per_step, worker_command
 from dataloading.synthetic import generate_split_binary
 from dlrm.planning.devices import DeviceSpec
-from tests.harness.netns import INTERFACE, NetnsCluster, install_reason
-from tests.harness.processes import horovodrun
+from harness.netns import INTERFACE, NetnsCluster, install_reason
+from harness.processes import horovodrun
 
 # The device-table entry the dry run is given: this machine's share per rank.
 DEVICE = "netns-host"

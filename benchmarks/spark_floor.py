@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
-from benchmarks.harness import parser_for, save
+from benchmarks.common import parser_for, save
 from preproc.spark import SparkSettings, start_spark
 
 if TYPE_CHECKING:

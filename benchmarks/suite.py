@@ -6,7 +6,7 @@
         [--output benchmarks/results.json] [--plot docs/bench_batch_size.png]
 
 Measures, each in its own process (so that its peak memory is its own:
-`harness.run_measured`), on a synthetic Criteo-shaped dataset with the default
+`common.run_measured`), on a synthetic Criteo-shaped dataset with the default
 model (13 numerical features, 26 tables x 100,000 x 128, bottom 512-256-128, top
 1024-1024-512-256-1, SGD), the steps of `MEASUREMENTS` in turn:
 
@@ -64,7 +64,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from benchmarks import cores
-from benchmarks.harness import (
+from benchmarks.common import (
     LEARNING_RATES,
     REPO,
     VARIANTS,
@@ -84,7 +84,7 @@ from benchmarks.harness import (
     variants,
     work_directory,
 )
-from benchmarks.harness import child_env as child_env  # for tests/unit/test_bench_cores.py
+from benchmarks.common import child_env as child_env  # for tests/unit/test_bench_cores.py
 from benchmarks.targets import COST_IN_ROWS_TOLERANCE, evaluate, machine_peaks, print_targets
 from dataloading.synthetic import SHAPES, generate_split_binary
 from dlrm.app.records import last_record

@@ -58,7 +58,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import numpy as np
 
-from benchmarks.harness import (
+from benchmarks.common import (
     last_json_line,
     main_py,
     parser_for,
@@ -68,8 +68,8 @@ from benchmarks.harness import (
 )
 from benchmarks.serving import cpu_model
 from dlrm.app.records import last_record
-from tests.harness.export import export_checkpoint
-from tests.harness.processes import REPO
+from harness.export import export_checkpoint
+from harness.processes import REPO
 
 BIN = Path(sys.executable).parent
 SEED = 0

@@ -41,7 +41,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import tensorflow as tf
 
 from benchmarks.collective_time import exposed, idle_seconds, timeline_seconds
-from benchmarks.harness import (
+from benchmarks.common import (
     VARIANTS,
     parser_for,
     run_checked,
@@ -59,7 +59,7 @@ from dlrm.model.config import dense_training_flops
 from dlrm.train import precision
 from dlrm.train.trainer import REQUESTS, Trainer
 from feature_spec import FeatureSpec
-from tests.harness.processes import on_ranks
+from harness.processes import on_ranks
 
 # The matmul whose best speed the achieved GFLOP/s are set against.
 PEAK_SIZE = 2048

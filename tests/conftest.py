@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 # The harness's assertion helpers report the values they compared, as a test's own do.
-pytest.register_assert_rewrite("tests.harness")
+pytest.register_assert_rewrite("harness")
 
 # Slowest first: each takes 3-12 minutes on 2 cores (setup included).
 SLOW_FILES = (

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.harness.processes import run
+from harness.processes import run
 
 LINES = 3_000  # 3 days; each day has 10 malformed lines (`--malformed_rows_per_day`)
 

@@ -10,8 +10,8 @@ import shutil
 import sys
 from pathlib import Path
 
-from tests.harness.processes import REPO, USER_ENV, run
-from tests.unit.test_carry_wheels import corrupt, make_wheel
+from harness.processes import REPO, USER_ENV, run
+from harness.wheels import corrupt, make_wheel
 
 SCRIPT = REPO / "packaging" / "carry_wheels.py"
 

@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.harness.processes import run
+from harness.processes import run
 
 # A local Spark session in a child process (its own JVM), with the archive required
 # (`-Xshare:on` stops the JVM when it cannot map it) and the class loads logged.

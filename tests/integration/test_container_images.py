@@ -36,9 +36,9 @@ import tensorflow as tf
 
 from dlrm.app.records import last_record
 from feature_spec import FeatureSpec
-from tests.harness.models import JOB_FLAGS, JOB_STEPS, JOB_TABLES
-from tests.harness.podman import Podman, install_reason
-from tests.harness.processes import REPO, on_ranks, run
+from harness.models import JOB_FLAGS, JOB_STEPS, JOB_TABLES
+from harness.podman import Podman, install_reason
+from harness.processes import REPO, on_ranks, run
 
 WHEELHOUSE = REPO / "docker" / "wheelhouse"
 TRAINING_IMAGE = "dlrm-hybrid:cpu"

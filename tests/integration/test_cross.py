@@ -15,10 +15,10 @@ from feature_spec import (
     MLPERF_DCNV2_MULTI_HOT_SIZES,
     FeatureSpec,
 )
-from tests.harness.datasets import dataset_fixture
-from tests.harness.export import assert_export_serves_like_the_checkpoint
-from tests.harness.models import ADAM_FLAGS, EIGHT_TABLES
-from tests.harness.processes import main_py, run
+from harness.datasets import dataset_fixture
+from harness.export import assert_export_serves_like_the_checkpoint
+from harness.models import ADAM_FLAGS, EIGHT_TABLES
+from harness.processes import main_py, run
 
 # One epoch over fresh rows, as click logs are trained: 234 steps of 1024.
 TRAIN_ROWS = 240_000

@@ -14,8 +14,8 @@ from pathlib import Path
 import tensorflow as tf
 
 from dlrm.app.records import last_record
-from tests.harness.processes import run
-from tests.integration.quiet import noise_in
+from harness.processes import run
+from harness.quiet import noise_in
 
 DEMO_TEST_ROWS = 340_000  # the demo's default --rows_per_day: its test day
 

@@ -1,4 +1,4 @@
-"""The commands the docs mark as runnable (tests/harness/documents.py), run as written,
+"""The commands the docs mark as runnable (harness/documents.py), run as written,
 checked on what they leave behind: the dataset-of-your-own walkthrough writes datasets
 that load with the ids the page says. (The README's quick start runs with the project's
 wheel installed into a new venv, in test_wheel_install.py.) And the docs' links."""
@@ -14,8 +14,8 @@ import pytest
 
 from dlrm.app.records import last_record
 from feature_spec import FeatureSpec
-from tests.harness.documents import marked_blocks, run_document
-from tests.harness.processes import REPO
+from harness.documents import marked_blocks, run_document
+from harness.processes import REPO
 
 
 def test_the_byo_walkthrough_runs_and_writes_what_it_says(tmp_path: Path) -> None:

@@ -14,8 +14,8 @@ import pytest
 
 from benchmarks.plan_memory import FLAGS, TABLES
 from dlrm.app.records import last_record
-from tests.harness.datasets import dataset_fixture
-from tests.harness.processes import main_py, run
+from harness.datasets import dataset_fixture
+from harness.processes import main_py, run
 
 pytestmark = pytest.mark.integration
 

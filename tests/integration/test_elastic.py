@@ -1,4 +1,4 @@
-"""Horovod Elastic on three network-namespace hosts (tests/harness/netns.py),
+"""Horovod Elastic on three network-namespace hosts (harness/netns.py),
 one rank each: `horovodrun --gloo --host-discovery-script ... --min-np M` runs
 main.py, and node3 fails mid-epoch. The survivors continue from the newest
 checkpoint on 2 ranks, node3 joins again when the discovery script lists it after
@@ -20,11 +20,11 @@ import pytest
 
 from dlrm.checkpoint.format import list_checkpoints
 from dlrm.checkpoint.reader import Checkpoint
-from tests.harness.checkpoints import assert_identical
-from tests.harness.datasets import dataset_fixture
-from tests.harness.elastic_job import ElasticJob
-from tests.harness.models import MIXED_PLAN_FLAGS
-from tests.harness.netns import NetnsCluster, netns_cluster
+from harness.checkpoints import assert_identical
+from harness.datasets import dataset_fixture
+from harness.elastic_job import ElasticJob
+from harness.models import MIXED_PLAN_FLAGS
+from harness.netns import NetnsCluster, netns_cluster
 
 HOSTS = ("node1", "node2", "node3")
 CARDINALITIES = (50, 200, 1000, 30, 5000, 7)

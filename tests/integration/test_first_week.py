@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 
 from feature_spec import FeatureSpec
-from tests.harness.datasets import dataset_fixture
-from tests.harness.netns import NetnsCluster, netns_cluster
-from tests.harness.processes import REPO, main_py, main_py_command, started, wait_for
+from harness.datasets import dataset_fixture
+from harness.netns import NetnsCluster, netns_cluster
+from harness.processes import REPO, main_py, main_py_command, started, wait_for
 
 TABLES = (50, 200, 1000, 30)
 FLAGS = [

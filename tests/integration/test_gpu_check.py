@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks import gpu_check
-from tests.harness.processes import run
+from harness.processes import run
 
 VARIANTS = ("fp32", "amp", "xla", "amp+xla")
 

@@ -16,10 +16,10 @@ from dlrm.checkpoint.reader import Checkpoint
 from dlrm.distributed.devices import GPU_PATH_ON_CPU_ENV
 from dlrm.train.precision import INITIAL_LOSS_SCALE_ENV
 from dlrm.train.state import LOSS_SCALE_KEYS, SKIPPED_STEPS_KEY, STEP_KEY
-from tests.harness.checkpoints import assert_close, checkpoint_arrays
-from tests.harness.datasets import dataset_fixture
-from tests.harness.models import EIGHT_TABLES, MIXED_PLAN_FLAGS
-from tests.harness.processes import main_py, on_ranks, output_tail, run
+from harness.checkpoints import assert_close, checkpoint_arrays
+from harness.datasets import dataset_fixture
+from harness.models import EIGHT_TABLES, MIXED_PLAN_FLAGS
+from harness.processes import main_py, on_ranks, output_tail, run
 
 BATCH = 768  # divides by 2 and by 3
 STEPS = 5

@@ -12,7 +12,7 @@ import numpy as np
 from dataloading.synthetic import generate_split_binary
 from dlrm.distributed.devices import cpu_slice
 from feature_spec import FeatureSpec
-from tests.harness.processes import horovodrun, on_ranks, run
+from harness.processes import horovodrun, on_ranks, run
 
 GLOBAL_BATCH = 48
 
@@ -43,7 +43,7 @@ def test_two_gloo_ranks_read_their_shards(tmp_path: Path) -> None:
     generate_split_binary(dataset, (23, 7, 300, 11, 5), 3, rows={"train": 500}, seed=4)
     out = tmp_path / "out"
     out.mkdir()
-    script = "tests/integration/scripts/read_shards.py"
+    script = "harness/scripts/read_shards.py"
     run(
         on_ranks(2, [sys.executable, script, str(dataset), str(out), str(GLOBAL_BATCH)]),
         timeout=300,
@@ -75,7 +75,7 @@ def test_ranks_on_one_host_share_its_cpus(tmp_path: Path) -> None:
     sized to them; with --nobind_cpus they share every CPU, each with its share
     as intra-op threads. Horovod gets its CPU cycle time. The user's
     TF_NUM_INTRAOP_THREADS and HOROVOD_CYCLE_TIME win."""
-    script = "tests/integration/scripts/thread_share.py"
+    script = "harness/scripts/thread_share.py"
     command = on_ranks(2, [sys.executable, script])
     bound, shared, chosen = tmp_path / "bound", tmp_path / "shared", tmp_path / "chosen"
     chosen_env = {"TF_NUM_INTRAOP_THREADS": "3", "HOROVOD_CYCLE_TIME": "7"}

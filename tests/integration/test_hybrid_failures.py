@@ -22,8 +22,8 @@ from dlrm.embedding.planner.placement import PlannerConfig, plan_sharding
 from dlrm.embedding.planner.plan import ShardingPlan
 from dlrm.embedding.planner.types import TableSpec
 from feature_spec import FeatureSpec
-from tests.harness.datasets import dataset_fixture
-from tests.harness.processes import (
+from harness.datasets import dataset_fixture
+from harness.processes import (
     has_exited,
     main_py,
     main_py_command,
@@ -218,7 +218,7 @@ def test_a_rank_failing_to_save_or_restore_stops_every_rank(dataset: Path, tmp_p
         "--evals_per_epoch=2",
         f"--save_checkpoint_path={run_dir}",
     ]
-    script = "tests/integration/scripts/fail_on_rank.py"
+    script = "harness/scripts/fail_on_rank.py"
     # Rank 1's disk fills up while writing the second checkpoint.
     result, elapsed = timed(on_ranks(2, [sys.executable, script, "1", "save", "1", *flags]))
     output = result.stdout + result.stderr

@@ -15,10 +15,10 @@ from dlrm.distributed.preemption import EXIT_PREEMPTED
 from dlrm.embedding.planner.placement import PlannerConfig, plan_sharding
 from dlrm.embedding.planner.plan import ShardingPlan
 from dlrm.embedding.planner.types import TableSpec
-from tests.harness.checkpoints import CROSS_WORLD, assert_close, assert_identical
-from tests.harness.datasets import dataset_fixture
-from tests.harness.models import EIGHT_TABLES, MIXED_PLAN_FLAGS
-from tests.harness.processes import (
+from harness.checkpoints import CROSS_WORLD, assert_close, assert_identical
+from harness.datasets import dataset_fixture
+from harness.models import EIGHT_TABLES, MIXED_PLAN_FLAGS
+from harness.processes import (
     main_py,
     main_py_command,
     rank_pids,

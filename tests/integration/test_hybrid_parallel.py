@@ -25,8 +25,8 @@ from pathlib import Path
 import pytest
 
 from feature_spec import FeatureSpec
-from tests.harness.datasets import synthetic_dataset
-from tests.harness.rank_weights import (
+from harness.datasets import synthetic_dataset
+from harness.rank_weights import (
     CARDINALITIES,
     HOTNESS,
     assert_ranks_equal_one,

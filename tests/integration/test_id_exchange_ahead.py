@@ -13,10 +13,10 @@ import pytest
 
 from dlrm.app.records import last_record
 from dlrm.checkpoint.reader import Checkpoint
-from tests.harness.checkpoints import assert_identical, checkpoint_steps
-from tests.harness.datasets import dataset_fixture
-from tests.harness.models import EIGHT_TABLES, MIXED_PLAN_FLAGS
-from tests.harness.processes import main_py
+from harness.checkpoints import assert_identical, checkpoint_steps
+from harness.datasets import dataset_fixture
+from harness.models import EIGHT_TABLES, MIXED_PLAN_FLAGS
+from harness.processes import main_py
 
 BATCH = 768  # divides by 2 and 3
 EPOCH_STEPS = 6

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.harness.netns import install_reason
-from tests.harness.processes import run
+from harness.netns import install_reason
+from harness.processes import run
 
 pytestmark = pytest.mark.integration
 

@@ -17,7 +17,7 @@ from dlrm.app.records import last_record
 from dlrm.checkpoint.reader import Checkpoint
 from feature_spec import FeatureSpec
 from feature_spec.vocabulary import VocabularyLineage
-from tests.harness.processes import run
+from harness.processes import run
 
 BEHIND = 3  # examples/incremental_demo.py's exit status for an incremental model behind
 

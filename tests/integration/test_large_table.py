@@ -22,8 +22,8 @@ import numpy as np
 import pytest
 
 from dataloading.synthetic import generate_split_binary
-from tests.harness.processes import run
-from tests.integration.scripts.large_table import BATCH, REFERENCE_ROWS
+from harness.processes import run
+from harness.scripts.large_table import BATCH, REFERENCE_ROWS
 
 ROWS = 2**31 + 16
 STEPS = 3
@@ -80,7 +80,7 @@ def result(tmp_path_factory: pytest.TempPathFactory) -> Any:
         completed = run(
             [
                 sys.executable,
-                "tests/integration/scripts/large_table.py",
+                "harness/scripts/large_table.py",
                 str(large),
                 str(reference),
                 str(checkpoints),

@@ -1,5 +1,5 @@
 """Horovod across hosts: two network-namespace hosts on this machine
-(tests/harness/netns.py), each with its own address, hostname and
+(harness/netns.py), each with its own address, hostname and
 sshd. `horovodrun --gloo -H node1:1,node2:1` (over ssh) and `mpirun -H ...` run
 one rank on each host; the ranks' weights equal one process's, and a `main.py`
 checkpoint written across the hosts resumes on one of them alone like an
@@ -19,11 +19,11 @@ import pytest
 
 from dlrm.app.records import read_records
 from dlrm.checkpoint.reader import Checkpoint
-from tests.harness.checkpoints import CROSS_WORLD, assert_close, checkpoint_steps
-from tests.harness.datasets import dataset_fixture, synthetic_dataset
-from tests.harness.models import EIGHT_TABLES, MIXED_PLAN_FLAGS
-from tests.harness.netns import INTERFACE, NetnsCluster, install_reason, netns_cluster
-from tests.harness.processes import (
+from harness.checkpoints import CROSS_WORLD, assert_close, checkpoint_steps
+from harness.datasets import dataset_fixture, synthetic_dataset
+from harness.models import EIGHT_TABLES, MIXED_PLAN_FLAGS
+from harness.netns import INTERFACE, NetnsCluster, install_reason, netns_cluster
+from harness.processes import (
     REPO,
     has_exited,
     horovodrun,
@@ -31,7 +31,7 @@ from tests.harness.processes import (
     process_env,
     wait_for,
 )
-from tests.harness.rank_weights import (
+from harness.rank_weights import (
     CARDINALITIES,
     HOTNESS,
     assert_ranks_equal_one,

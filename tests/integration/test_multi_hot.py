@@ -16,12 +16,12 @@ from dlrm.checkpoint.reader import Checkpoint
 from dlrm.embedding.planner.plan import ShardingPlan
 from dlrm.embedding.planner.types import TableSpec
 from feature_spec import FeatureSpec
-from tests.harness.checkpoints import CROSS_WORLD, assert_close
-from tests.harness.datasets import dataset_fixture
-from tests.harness.export import assert_export_serves_like_the_checkpoint
-from tests.harness.models import ADAM_FLAGS, EIGHT_TABLES
-from tests.harness.placements import table_plan
-from tests.harness.processes import main_py, output_tail
+from harness.checkpoints import CROSS_WORLD, assert_close
+from harness.datasets import dataset_fixture
+from harness.export import assert_export_serves_like_the_checkpoint
+from harness.models import ADAM_FLAGS, EIGHT_TABLES
+from harness.placements import table_plan
+from harness.processes import main_py, output_tail
 
 # Tables 1, 2 and 4: 0 to 6 ids per row (empty rows too); table 6: 3 per row.
 HOTNESS = (1, 0, 0, 1, 0, 1, 3, 1)

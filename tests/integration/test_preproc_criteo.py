@@ -20,20 +20,20 @@ import pytest
 
 from dataloading.criteo_tsv import generate_criteo_tsv
 from feature_spec import FeatureSpec, criteo_feature_spec, minimal_categorical_dtype
-from preproc.config import InputFile, NumericalTransform, PipelineConfig
-from preproc.encode import concatenate_parts
-from preproc.errors import PreprocessingError
-from preproc.layout import criteo_layout
-from preproc.pipeline import run_pipeline
-from tests.harness.processes import run
-from tests.harness.spark import spark_fixture
-from tests.integration.scripts.preproc_reference import (
+from harness.preproc_reference import (
     Row,
     build_vocabulary,
     expected_arrays,
     read_mapping,
     train_one_step,
 )
+from harness.processes import run
+from harness.spark import spark_fixture
+from preproc.config import InputFile, NumericalTransform, PipelineConfig
+from preproc.encode import concatenate_parts
+from preproc.errors import PreprocessingError
+from preproc.layout import criteo_layout
+from preproc.pipeline import run_pipeline
 
 DAYS = 3
 ROWS_PER_DAY = 1200

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from pyspark.sql import functions as F
 
+from harness.spark import spark_fixture
 from preproc.encode import BUCKET_COLUMN, bucket_partition, partition_keys, spark_int_hash
-from tests.harness.spark import spark_fixture
 
 spark = spark_fixture()
 

@@ -20,12 +20,7 @@ import yaml
 from dataloading.files import SplitBinaryFiles
 from dlrm.app.records import read_records
 from feature_spec import FeatureSpec, minimal_categorical_dtype
-from preproc.errors import PreprocessingError
-from preproc.pipeline import run_pipeline
-from preproc.transcode import build_parser, transcode_config
-from tests.harness.processes import main_py
-from tests.harness.spark import spark_fixture
-from tests.integration.scripts.preproc_reference import (
+from harness.preproc_reference import (
     Row,
     build_vocabulary,
     expected_arrays,
@@ -33,6 +28,11 @@ from tests.integration.scripts.preproc_reference import (
     shuffle_key,
     train_one_step,
 )
+from harness.processes import main_py
+from harness.spark import spark_fixture
+from preproc.errors import PreprocessingError
+from preproc.pipeline import run_pipeline
+from preproc.transcode import build_parser, transcode_config
 
 COLUMNS = ("hour", "country", "clicked", "price", "ad_id", "dwell_seconds", "device")
 LABEL, NUMERICAL = "clicked", ("price", "dwell_seconds")

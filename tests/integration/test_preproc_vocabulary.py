@@ -22,12 +22,12 @@ import yaml
 
 from feature_spec import FeatureSpec
 from feature_spec.vocabulary import VocabularyLineage
+from harness.preproc_reference import build_vocabulary, read_mapping
+from harness.spark import spark_fixture
 from preproc.errors import PreprocessingError
 from preproc.pipeline import run_pipeline
 from preproc.report import format_report
 from preproc.transcode import build_parser, transcode_config
-from tests.harness.spark import spark_fixture
-from tests.integration.scripts.preproc_reference import build_vocabulary, read_mapping
 
 THRESHOLD = 2
 SLOTS = 5

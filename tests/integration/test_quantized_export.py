@@ -12,14 +12,14 @@ import pytest
 
 from dlrm.evaluation.metrics import roc_auc
 from dlrm.model.quantization import SCALE_OFFSET_BYTES
-from tests.harness.datasets import dataset_fixture
-from tests.harness.export import (
+from harness.datasets import dataset_fixture
+from harness.export import (
     export_checkpoint,
     serve_without_the_project,
     write_test_split_inputs,
 )
-from tests.harness.models import ADAM_FLAGS, EIGHT_TABLES
-from tests.harness.processes import main_py
+from harness.models import ADAM_FLAGS, EIGHT_TABLES
+from harness.processes import main_py
 
 # Wide enough that the scales and offsets (8 bytes a row) cost little: (D + 8) / 4D.
 DIM = 64

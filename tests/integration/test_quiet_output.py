@@ -3,7 +3,7 @@
 `dlrm-train` on a dataset with a variable-length (`hotness: variable`) table,
 alone and under `horovodrun`, with TensorFlow's logging left at the product's
 own default (no TF_CPP_MIN_LOG_LEVEL in the environment): none of the known
-noise (tests/integration/quiet.py). `--verbosity 0` brings TensorFlow's lines
+noise (harness/quiet.py). `--verbosity 0` brings TensorFlow's lines
 back, and still no AutoGraph warning: the step functions convert. A message
 that every rank has alike is printed once per job, and horovodrun adds one line,
 not a traceback."""
@@ -14,10 +14,10 @@ import subprocess
 from pathlib import Path
 
 from dlrm.app.records import read_records
-from tests.harness import processes
-from tests.harness.datasets import dataset_fixture
-from tests.harness.processes import USER_ENV, on_ranks
-from tests.integration.quiet import noise_in
+from harness import processes
+from harness.datasets import dataset_fixture
+from harness.processes import USER_ENV, on_ranks
+from harness.quiet import noise_in
 
 SMALL = ["--embedding_dim=8", "--bottom_mlp_dims=16,8", "--top_mlp_dims=16,1", "--batch_size=512"]
 

@@ -15,11 +15,11 @@ from pathlib import Path
 import pytest
 
 from dlrm.checkpoint.reader import Checkpoint
-from tests.harness.checkpoints import CROSS_WORLD, assert_close
-from tests.harness.datasets import dataset_fixture, synthetic_dataset
-from tests.harness.models import EIGHT_TABLES, MIXED_PLAN_FLAGS
-from tests.harness.processes import main_py
-from tests.harness.rank_weights import CARDINALITIES, HOTNESS, assert_ranks_equal_one, hybrid_steps
+from harness.checkpoints import CROSS_WORLD, assert_close
+from harness.datasets import dataset_fixture, synthetic_dataset
+from harness.models import EIGHT_TABLES, MIXED_PLAN_FLAGS
+from harness.processes import main_py
+from harness.rank_weights import CARDINALITIES, HOTNESS, assert_ranks_equal_one, hybrid_steps
 
 # Row ranges beside whole tables, and every table replicated (its gradient
 # exchanged dense for the smallest tables, sparse for the others).

@@ -21,11 +21,11 @@ import pytest
 from dlrm.app.records import read_records
 from dlrm.checkpoint.reader import Checkpoint
 from feature_spec import FeatureSpec
-from tests.harness.checkpoints import assert_identical
-from tests.harness.datasets import dataset_fixture
-from tests.harness.models import JOB_FLAGS, JOB_TABLES
-from tests.harness.processes import run
-from tests.harness.slurm import (
+from harness.checkpoints import assert_identical
+from harness.datasets import dataset_fixture
+from harness.models import JOB_FLAGS, JOB_TABLES
+from harness.processes import run
+from harness.slurm import (
     JOB_TIMEOUT,
     SlurmCluster,
     assert_completed,

@@ -2,8 +2,8 @@
 runs one rank on each node.
 
 The nodes are the hosts node1 and node2 of a `NetnsCluster` (network namespaces
-with their own address, hostname and sshd; tests/harness/netns.py);
-`MultiNodeSlurmCluster` (tests/harness/slurm.py) runs munged and
+with their own address, hostname and sshd; harness/netns.py);
+`MultiNodeSlurmCluster` (harness/slurm.py) runs munged and
 slurmd on each, slurmctld and the clients on node1. Both are started once for the
 module and stopped at its end, whatever the outcome. The checks read what the job
 wrote: its end state, the hosts of the ranks in the metrics log, and the sharding
@@ -20,11 +20,11 @@ from pathlib import Path
 import pytest
 
 from dlrm.app.records import read_records
-from tests.harness import netns, slurm
-from tests.harness.datasets import dataset_fixture
-from tests.harness.models import JOB_FLAGS, JOB_TABLES
-from tests.harness.netns import INTERFACE, NetnsCluster, netns_cluster
-from tests.harness.slurm import (
+from harness import netns, slurm
+from harness.datasets import dataset_fixture
+from harness.models import JOB_FLAGS, JOB_TABLES
+from harness.netns import INTERFACE, NetnsCluster, netns_cluster
+from harness.slurm import (
     SlurmCluster,
     assert_completed,
     job_summary,

@@ -1,7 +1,7 @@
 """`python -m preproc.criteo` on a Spark standalone cluster across two hosts.
 
 The hosts are node1 and node2 of a `NetnsCluster` (network namespaces with their
-own address and hostname; tests/harness/netns.py). A master and a
+own address and hostname; harness/netns.py). A master and a
 worker run on node1, a second worker on node2, each bound to its host's address,
 with one core and a small heap; the driver runs on node1 and the executors reach
 it at node1's address. Every host sees the one file system, as a cluster's NFS.
@@ -32,11 +32,11 @@ import pyspark
 import pytest
 
 from dataloading.criteo_tsv import generate_criteo_tsv
+from harness.netns import ClusterError, NetnsCluster, netns_cluster
+from harness.processes import REPO, process_env, run
 from preproc.pipeline import REPORT_FILE, WORK_DIR
 from preproc.spark import JIT_OPTIONS
 from preproc.stages import SUCCESS
-from tests.harness.netns import ClusterError, NetnsCluster, netns_cluster
-from tests.harness.processes import REPO, process_env, run
 
 MASTER_PORT = 7077
 WORKER_MEMORY = "1g"  # what a worker offers its executors

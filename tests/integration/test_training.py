@@ -24,11 +24,11 @@ from dlrm.embedding.planner.placement import PlannerConfig, plan_sharding
 from dlrm.embedding.planner.types import TableSpec
 from dlrm.evaluation import metrics
 from feature_spec import FeatureSpec
-from tests.harness.checkpoints import assert_identical
-from tests.harness.datasets import dataset_fixture
-from tests.harness.export import assert_export_serves_like_the_checkpoint
-from tests.harness.models import ADAM_FLAGS, EIGHT_TABLES
-from tests.harness.processes import main_py
+from harness.checkpoints import assert_identical
+from harness.datasets import dataset_fixture
+from harness.export import assert_export_serves_like_the_checkpoint
+from harness.models import ADAM_FLAGS, EIGHT_TABLES
+from harness.processes import main_py
 
 NUM_NUMERICAL = 5
 SEED = 3

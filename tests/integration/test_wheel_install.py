@@ -4,7 +4,7 @@ that `make install` built (all from the wheelhouse of `packaging/wheelhouse.sh`,
 with no package index), then the README's quick start run as written with that
 venv's commands, from a directory outside the checkout: generate a click log,
 preprocess it with Spark, train on 2 ranks under horovodrun, evaluate, export, score
-with the SavedModel (`tests/harness/documents.run_readme_quick_start` checks what
+with the SavedModel (`harness/documents.run_readme_quick_start` checks what
 they leave). The CPU kernels, which the wheel carries as sources, compile on first use
 into the new environment, and the commands print no start-up noise."""
 
@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.harness.documents import run_readme_quick_start
-from tests.harness.processes import REPO
-from tests.integration.quiet import noise_in
+from harness.documents import run_readme_quick_start
+from harness.processes import REPO
+from harness.quiet import noise_in
 
 WHEELHOUSE = REPO / ".cache" / "wheelhouse"
 

@@ -20,7 +20,7 @@ from benchmarks.suite import (
     print_table,
     run_measured,
 )
-from tests.harness.processes import REPO, run
+from harness.processes import REPO, run
 
 SUITE, PLAIN = REPO / "benchmarks" / "suite.py", REPO / "benchmarks" / "plain_tf.py"
 

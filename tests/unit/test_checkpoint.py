@@ -18,7 +18,7 @@ from dlrm.checkpoint.writer import CheckpointWriter
 from dlrm.embedding.planner.plan import ShardingPlan
 from dlrm.embedding.planner.types import TableSpec
 from dlrm.embedding.shard import Range, ShardingKind, TableShard
-from tests.harness.placements import table_plan
+from harness.placements import table_plan
 
 TABLE = np.arange(23 * 7, dtype=np.float32).reshape(23, 7)
 Layout = list[tuple[Range, Range]]

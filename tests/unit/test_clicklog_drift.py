@@ -18,7 +18,7 @@ from dataloading.criteo_tsv import (
     generate_criteo_tsv,
     main,
 )
-from tests.unit.reference_metrics import reference_auc
+from harness.reference_metrics import reference_auc
 
 # Small tables, which a day of a few thousand rows covers, beside one it does not.
 CARDINALITIES = (23, 7, 300, 41) + (11,) * 22

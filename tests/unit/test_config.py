@@ -16,7 +16,7 @@ from dlrm.app.config import ConfigError, RunConfig, check_world_size
 from dlrm.app.policies import eval_steps
 from dlrm.distributed.preemption import parse_signal
 from dlrm.train.config import DEFAULT_CPU_DENSE_CHUNK_ROWS
-from tests.harness.processes import REPO, run
+from harness.processes import REPO, run
 
 
 def config(**overrides: Any) -> RunConfig:

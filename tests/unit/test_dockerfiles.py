@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.harness.processes import REPO
+from harness.processes import REPO
 
 DOCKERFILES = [REPO / "Dockerfile", *sorted((REPO / "docker").glob("*.Dockerfile"))]
 

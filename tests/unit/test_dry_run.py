@@ -26,7 +26,7 @@ from feature_spec.criteo import (
     MLPERF_DCNV2_MULTI_HOT_SIZES,
     build_split_binary_spec,
 )
-from tests.harness.processes import run
+from harness.processes import run
 
 H100 = BUILTIN_DEVICES["H100-80GB-SXM"]
 

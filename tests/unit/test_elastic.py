@@ -19,9 +19,9 @@ from dlrm.app.modes.training import TrainProgress, train
 from dlrm.checkpoint.format import CheckpointError
 from dlrm.distributed.launcher import launched_elastic
 from dlrm.distributed.membership import lost_a_rank, lost_peer
-from tests.harness.assembly import SMALL_MODEL, assembled_run
-from tests.harness.checkpoints import checkpoint_steps
-from tests.harness.datasets import SMALL_TABLES, dataset_fixture
+from harness.assembly import SMALL_MODEL, assembled_run
+from harness.checkpoints import checkpoint_steps
+from harness.datasets import SMALL_TABLES, dataset_fixture
 
 STEPS = 10
 dataset = dataset_fixture(

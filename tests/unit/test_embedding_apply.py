@@ -13,196 +13,23 @@ import pytest
 import tensorflow as tf
 
 from dlrm.optim.optimizers import Adagrad, Adam, Optimizer, RowwiseAdagrad, Sgd
-
-SLOT_NAMES = {
-    "sgd": (),
-    "adagrad": ("accumulator",),
-    "adam": ("m", "v"),
-    "rowwise_adagrad": ("accumulator",),
-}
-OPTIMIZERS = list(SLOT_NAMES)
-EPSILON, BETA_1, BETA_2 = 1e-7, 0.9, 0.999
-# Adam at its third step: the bias correction is not 1 - beta.
-BETA_POWERS = (BETA_1**3, BETA_2**3)
-# The kernel works in float32, the reference in float64. bfloat16 gradients are
-# compared against the reference on the same bfloat16 values, so no looser.
-TOLERANCE = {"rtol": 1e-5, "atol": 1e-6}
-Variables = tuple[list[tf.Variable], list[list[tf.Variable]]]  # tables, slots per table
-
-
-@dataclasses.dataclass(frozen=True)
-class Piece:
-    """One table's part of one gradient: `ids` [n] global ids, `rows` [n] the
-    gradient row of each, the table's columns starting at `column`."""
-
-    table: int
-    ids: np.ndarray
-    rows: np.ndarray
-    gradient: int  # index into the case's gradients
-    column: int
-    scales: np.ndarray | None = None  # [B] of the gradient, or None for all 1
-
-
-@dataclasses.dataclass
-class Case:
-    tables: list[np.ndarray]  # float32 [rows_t, D_t]
-    slots: list[list[np.ndarray]]  # per table, in SLOT_NAMES order
-    gradients: list[np.ndarray]  # float32 [B, C]
-    pieces: list[Piece]
-    optimizer: str
-    offsets: list[int]
-    partial: list[bool]
-    learning_rate: float = 0.1
-    gradient_scale: float = 1.0
-
-
-def _initial_slots(
-    rng: np.random.Generator, shape: tuple[int, ...], optimizer: str
-) -> list[np.ndarray]:
-    if optimizer == "adagrad":
-        return [rng.uniform(0.1, 1.0, shape).astype(np.float32)]
-    if optimizer == "rowwise_adagrad":  # one accumulator a row
-        return [rng.uniform(0.1, 1.0, (shape[0], 1)).astype(np.float32)]
-    if optimizer == "adam":  # m of either sign, v >= 0
-        return [
-            rng.normal(0, 0.1, shape).astype(np.float32),
-            rng.uniform(0, 0.1, shape).astype(np.float32),
-        ]
-    return []
-
-
-def _tables_case(
-    optimizer: str, rows: list[int], widths: list[int], seed: int, **options: Any
-) -> tuple[Case, np.random.Generator]:
-    """Tables and slots, no pieces yet."""
-    rng = np.random.default_rng(seed)
-    shapes = list(zip(rows, widths, strict=True))
-    case = Case(
-        tables=[rng.normal(size=shape).astype(np.float32) for shape in shapes],
-        slots=[_initial_slots(rng, shape, optimizer) for shape in shapes],
-        gradients=[],
-        pieces=[],
-        optimizer=optimizer,
-        offsets=options.pop("offsets", [0] * len(rows)),
-        partial=options.pop("partial", [False] * len(rows)),
-        **options,
-    )
-    return case, rng
-
-
-def _two_tables(optimizer: str, seed: int = 0) -> Case:
-    """Tables of 23 x 7 and 11 x 5 with every kind of piece: one-hot pieces sharing
-    a gradient at column offsets, a multi-hot piece with a mean's row scales, a
-    piece whose rows repeat, with row scales; duplicate ids within and across
-    pieces."""
-    case, rng = _tables_case(optimizer, [23, 11], [7, 5], seed, gradient_scale=0.5)
-    # Gradient 0 [9, 15]: other features' columns around table 0's [3, 10) and
-    # table 1's [10, 15).
-    case.gradients.append(rng.normal(size=(9, 15)).astype(np.float32))
-    one_hot = np.arange(9)
-    case.pieces.append(Piece(0, np.array([4, 17, 4, 0, 22, 9, 4, 13, 17]), one_hot, 0, 3))
-    case.pieces.append(Piece(1, np.array([2, 10, 5, 2, 0, 7, 7, 3, 1]), one_hot, 0, 10))
-    # Gradient 1 [4, 5]: table 1 multi-hot, 3 ids a sample, mean pooled.
-    hotness = 3
-    case.gradients.append(rng.normal(size=(4, 5)).astype(np.float32))
-    multi_hot = np.array([2, 2, 6, 10, 6, 0, 8, 8, 8, 5, 2, 6])  # never 4 or 9
-    case.pieces.append(
-        Piece(1, multi_hot, np.arange(12) // hotness, 1, 0, np.full(4, 1 / hotness, np.float32))
-    )
-    # Gradient 2 [6, 10]: table 0 at column 2, rows in any order and repeated.
-    case.gradients.append(rng.normal(size=(6, 10)).astype(np.float32))
-    scales = rng.uniform(0.5, 2.0, 6).astype(np.float32)
-    case.pieces.append(
-        Piece(0, np.array([22, 5, 17, 1, 4]), np.array([5, 0, 2, 2, 1]), 2, 2, scales)
-    )
-    return case
-
-
-def _scaled_rows(case: Case, gradients: list[np.ndarray], t: int) -> list[tuple[int, np.ndarray]]:
-    """(id less table `t`'s row offset, its gradient row scaled, float64) per id of its pieces."""
-    width = case.tables[t].shape[1]
-    out = []
-    for piece in (p for p in case.pieces if p.table == t):
-        part = gradients[piece.gradient][:, piece.column : piece.column + width]
-        for global_id, row in zip(piece.ids, piece.rows, strict=True):
-            scale = 1.0 if piece.scales is None else float(piece.scales[row])
-            value = case.gradient_scale * scale * part[row].astype(np.float64)
-            out.append((int(global_id) - case.offsets[t], value))
-    return out
-
-
-def reference(case: Case, gradients: list[np.ndarray], beta_powers: tuple[float, float]) -> tuple:
-    """The op's semantics in float64: (tables, slots, touched rows per table)."""
-    tables = [t.astype(np.float64) for t in case.tables]
-    slots = [[s.astype(np.float64) for s in table_slots] for table_slots in case.slots]
-    touched = []
-    for t, table in enumerate(tables):
-        rows = len(table)
-        summed: dict[int, np.ndarray] = {}
-        for u, value in _scaled_rows(case, gradients, t):
-            if not 0 <= u < rows:
-                assert case.partial[t], "the reference is for valid inputs"
-                continue
-            summed[u] = summed.get(u, 0.0) + value
-        for u, g in summed.items():
-            lr = case.learning_rate
-            if case.optimizer == "sgd":
-                table[u] -= lr * g
-            elif case.optimizer == "adagrad":
-                slots[t][0][u] += g * g
-                table[u] -= lr * g / (np.sqrt(slots[t][0][u]) + EPSILON)
-            elif case.optimizer == "rowwise_adagrad":
-                slots[t][0][u] += np.mean(g * g)
-                table[u] -= lr * g / (np.sqrt(slots[t][0][u]) + EPSILON)
-            else:
-                m, v = slots[t]
-                m[u] = BETA_1 * m[u] + (1 - BETA_1) * g
-                v[u] = BETA_2 * v[u] + (1 - BETA_2) * g * g
-                step = lr * np.sqrt(1 - beta_powers[1]) / (1 - beta_powers[0])
-                table[u] -= step * m[u] / (np.sqrt(v[u]) + EPSILON)
-        touched.append(np.isin(np.arange(rows), list(summed)))
-    return tables, slots, touched
-
-
-def _variables(case: Case) -> Variables:
-    tables = [tf.Variable(t) for t in case.tables]
-    slots = [[tf.Variable(s) for s in table_slots] for table_slots in case.slots]
-    return tables, slots
-
-
-def apply(
-    library: Any,
-    case: Case,
-    variables: Variables | None = None,
-    dtype: tf.DType = tf.float32,
-    id_dtype: tf.DType = tf.int32,
-) -> Variables:
-    """Applies the case to `variables` (new ones of its values by default): (tables, slots)."""
-    tables, slots = variables or _variables(case)
-    gradients = [tf.constant(g, dtype) for g in case.gradients]
-    empty = np.zeros([0], np.float32)
-    library.dlrm_embedding_apply(
-        tables=[t.handle for t in tables],
-        slots=[s.handle for table_slots in slots for s in table_slots],
-        ids=[tf.constant(p.ids, id_dtype) for p in case.pieces],
-        rows=[tf.constant(p.rows, tf.int32) for p in case.pieces],
-        gradients=[gradients[p.gradient] for p in case.pieces],
-        row_scales=[tf.constant(empty if p.scales is None else p.scales) for p in case.pieces],
-        learning_rate=tf.constant(case.learning_rate),
-        gradient_scale=tf.constant(case.gradient_scale),
-        beta_1_power=tf.constant(BETA_POWERS[0], tf.float32),
-        beta_2_power=tf.constant(BETA_POWERS[1], tf.float32),
-        step=tf.constant(0, tf.int64),
-        optimizer=case.optimizer,
-        piece_tables=[p.table for p in case.pieces],
-        piece_columns=[p.column for p in case.pieces],
-        row_offsets=case.offsets,
-        partial=case.partial,
-        epsilon=EPSILON,
-        beta_1=BETA_1,
-        beta_2=BETA_2,
-    )
-    return tables, slots
+from harness.embedding_updates import (
+    BETA_1,
+    BETA_2,
+    BETA_POWERS,
+    EPSILON,
+    OPTIMIZERS,
+    SLOT_NAMES,
+    TOLERANCE,
+    Case,
+    Piece,
+    apply,
+    reference,
+    scaled_rows,
+    tables_case,
+    two_tables,
+    variables_of,
+)
 
 
 def _check_against_reference(
@@ -235,13 +62,13 @@ def _check_against_reference(
 def test_matches_the_reference(
     library: Any, optimizer: str, dtype: tf.DType, id_dtype: tf.DType
 ) -> None:
-    _check_against_reference(library, _two_tables(optimizer), dtype, id_dtype)
+    _check_against_reference(library, two_tables(optimizer), dtype, id_dtype)
 
 
 @pytest.mark.parametrize("optimizer", OPTIMIZERS)
 def test_a_partial_table_skips_the_ids_of_other_shards(library: Any, optimizer: str) -> None:
     """Table 1 holds global rows [11, 22) of a 33-row table; table 0 rows [0, 23)."""
-    case, rng = _tables_case(optimizer, [23, 11], [7, 5], 1, offsets=[0, 11], partial=[True, True])
+    case, rng = tables_case(optimizer, [23, 11], [7, 5], 1, offsets=[0, 11], partial=[True, True])
     case.gradients.append(rng.normal(size=(40, 12)).astype(np.float32))
     rows = np.arange(40)
     # Some rows of each table stay untouched: 20 .. 22 of table 0, 15 of table 1.
@@ -255,7 +82,7 @@ def test_a_partial_table_skips_the_ids_of_other_shards(library: Any, optimizer: 
 def test_a_large_multi_hot_table_shared_among_threads(library: Any, optimizer: str) -> None:
     """More ids than one thread's share: the table's rows are split among threads
     (SGD's too, grouped first)."""
-    case, rng = _tables_case(optimizer, [997, 23], [19, 7], 2, gradient_scale=0.25)
+    case, rng = tables_case(optimizer, [997, 23], [19, 7], 2, gradient_scale=0.25)
     hotness = 5
     case.gradients.append(rng.normal(size=(800, 26)).astype(np.float32))
     ids = rng.integers(0, 900, 800 * hotness)
@@ -269,7 +96,7 @@ def test_a_large_multi_hot_table_shared_among_threads(library: Any, optimizer: s
 def test_a_table_far_larger_than_its_ids(library: Any, optimizer: str) -> None:
     """Over 16 rows an id: the rows are grouped by hashing, not counted over the
     whole table."""
-    case, rng = _tables_case(optimizer, [2003, 23], [3, 7], 8, partial=[True, False])
+    case, rng = tables_case(optimizer, [2003, 23], [3, 7], 8, partial=[True, False])
     ids = np.concatenate([rng.integers(0, 2500, 40), [17, 1999, 17, 2002, 17]])
     case.gradients.append(rng.normal(size=(ids.size, 10)).astype(np.float32))
     case.pieces.append(Piece(0, ids, np.arange(ids.size), 0, 7))
@@ -279,7 +106,7 @@ def test_a_table_far_larger_than_its_ids(library: Any, optimizer: str) -> None:
 
 def test_duplicates_are_summed_before_one_update(library: Any) -> None:
     """Adagrad of the summed gradient: not three updates of its parts."""
-    case, _ = _tables_case("adagrad", [11], [5], 3)
+    case, _ = tables_case("adagrad", [11], [5], 3)
     case.gradients = [np.ones((3, 5), np.float32), np.full((1, 5), 2.0, np.float32)]
     case.pieces = [
         Piece(0, np.array([3, 3, 7]), np.arange(3), 0, 0),
@@ -294,7 +121,7 @@ def test_duplicates_are_summed_before_one_update(library: Any) -> None:
 
 def test_a_row_with_a_zero_gradient_is_still_updated(library: Any) -> None:
     """Lazy Adam decays the moments of every row looked up, whatever its gradient."""
-    case, _ = _tables_case("adam", [11], [5], 4)
+    case, _ = tables_case("adam", [11], [5], 4)
     case.gradients = [np.zeros((1, 5), np.float32)]
     case.pieces = [Piece(0, np.array([6]), np.array([0]), 0, 0)]
     tables, slots = apply(library, case)
@@ -306,7 +133,7 @@ def test_a_row_with_a_zero_gradient_is_still_updated(library: Any) -> None:
 def test_adams_one_minus_beta_is_the_decimals(library: Any) -> None:
     """1 - 0.999, as dlrm/optim/optimizers.py computes it, not 1 - 0.999 rounded to float32
     (0.99999871e-3, 1.3e-5 off, which a few training steps showed)."""
-    case, _ = _tables_case("adam", [11], [5], 9)
+    case, _ = tables_case("adam", [11], [5], 9)
     case.slots = [[np.zeros((11, 5), np.float32), np.zeros((11, 5), np.float32)]]
     case.gradients = [np.full((1, 5), 3.0, np.float32)]
     case.pieces = [Piece(0, np.array([2]), np.array([0]), 0, 0)]
@@ -316,7 +143,7 @@ def test_adams_one_minus_beta_is_the_decimals(library: Any) -> None:
 
 
 def test_no_pieces_change_nothing(library: Any) -> None:
-    case, _ = _tables_case("adam", [23], [7], 5)
+    case, _ = tables_case("adam", [23], [7], 5)
     tables, slots = apply(library, case)
     np.testing.assert_array_equal(tables[0].numpy(), case.tables[0])
     np.testing.assert_array_equal(slots[0][1].numpy(), case.slots[0][1])
@@ -331,7 +158,7 @@ def _tensorflow_path(optimizer: Optimizer, case: Case) -> list[tf.Variable]:
         slots = optimizer.slots(table)
         for name, initial in zip(SLOT_NAMES[case.optimizer], case.slots[t], strict=True):
             slots[name].assign(initial)
-        indices, values = zip(*_scaled_rows(case, case.gradients, t), strict=True)
+        indices, values = zip(*scaled_rows(case, case.gradients, t), strict=True)
         gradient = tf.IndexedSlices(
             tf.constant(np.stack(values), tf.float32),
             tf.constant(indices, tf.int64),
@@ -353,7 +180,7 @@ def _tensorflow_path(optimizer: Optimizer, case: Case) -> list[tf.Variable]:
 def test_agrees_with_the_optimizers_tensorflow_path(
     library: Any, optimizer: str, make: Any
 ) -> None:
-    case = _two_tables(optimizer, seed=6)
+    case = two_tables(optimizer, seed=6)
     reference_optimizer = make()
     assert reference_optimizer.name == optimizer
     expected = _tensorflow_path(reference_optimizer, case)
@@ -368,8 +195,8 @@ def test_agrees_with_the_optimizers_tensorflow_path(
 def test_a_value_read_before_keeps_what_it_read(library: Any) -> None:
     """Copy-on-read, as TensorFlow's sparse updates: the update never changes a
     tensor a reader holds, of a table or of a slot."""
-    case = _two_tables("adagrad")
-    tables, slots = _variables(case)
+    case = two_tables("adagrad")
+    tables, slots = variables_of(case)
     table_before = tables[0].read_value()  # shares the variable's buffer
     slot_before = slots[1][0].read_value()
     apply(library, case, (tables, slots))
@@ -501,9 +328,9 @@ def test_rejects_bad_inputs_and_changes_nothing(library: Any, name: str) -> None
 
 def test_an_error_in_one_table_leaves_every_table_unchanged(library: Any) -> None:
     """All ids are checked before any row changes, the other tables' too."""
-    case = _two_tables("adam")
+    case = two_tables("adam")
     case.pieces[-1] = dataclasses.replace(case.pieces[-1], ids=np.array([22, 5, 23, 1, 4]))
-    tables, slots = _variables(case)
+    tables, slots = variables_of(case)
     with pytest.raises(
         tf.errors.InvalidArgumentError, match=r"ids\[3\]\[2\] = 23 \(piece 3 of table 0\)"
     ):

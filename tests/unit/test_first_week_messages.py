@@ -32,8 +32,8 @@ from dlrm.embedding.planner.types import PlanError
 from dlrm.train.precision import Precision, bfloat16_note
 from dlrm.train.trainer import NonFiniteLossError
 from feature_spec import FeatureSpec
+from harness.datasets import dataset_fixture
 from preproc.spark import SparkSettings, _ui_line
-from tests.harness.datasets import dataset_fixture
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "troubleshooting.md"
 ROWS, BATCH = 512, 64

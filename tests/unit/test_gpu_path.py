@@ -24,10 +24,9 @@ from dlrm.train import state
 from dlrm.train.precision import INITIAL_LOSS_SCALE_ENV, Precision
 from dlrm.train.state import SKIPPED_STEPS_KEY, restore_training_state, save_training_state
 from dlrm.train.trainer import MAX_CONSECUTIVE_SKIPS, LossScaleError
-from tests.harness.assembly import assembled_run
-from tests.harness.datasets import SMALL_TABLES, dataset_fixture
-from tests.unit.non_finite import nan_in_one_logit
-from tests.unit.test_trainer import BATCH, batches, weights
+from harness.assembly import BATCH, assembled_run, batches, weights
+from harness.datasets import SMALL_TABLES, dataset_fixture
+from harness.non_finite import nan_in_one_logit
 
 dataset = dataset_fixture(SMALL_TABLES, 3, {"train": 20 * BATCH, "test": 500}, seed=4)
 # Overflows float16 in every step's gradients: the scaled gradient of one logit is

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.harness.processes import REPO
+from harness.processes import REPO
 
 INSTALL = REPO / "packaging" / "install.sh"
 BUILD_HOROVOD = REPO / "packaging" / "build_horovod.sh"

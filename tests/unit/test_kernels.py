@@ -14,7 +14,7 @@ import tensorflow as tf
 from dlrm import kernels
 from dlrm.embedding.base import fused_lookup
 from dlrm.model.interaction import dot_interaction
-from tests.harness.processes import run
+from harness.processes import run
 
 # bfloat16 keeps 8 significant bits: results rounded once (the kernel) or after
 # each product (TensorFlow) differ by a few units of the last one.

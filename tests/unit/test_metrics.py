@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from dlrm.evaluation.metrics import evaluate, roc_auc
-from tests.unit.reference_metrics import reference_auc, reference_logloss
+from harness.reference_metrics import reference_auc, reference_logloss
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.harness.processes import REPO, run
+from harness.processes import REPO, run
 
 SCRIPT = REPO / "packaging" / "patch_horovod.py"
 _spec = importlib.util.spec_from_file_location("patch_horovod", SCRIPT)

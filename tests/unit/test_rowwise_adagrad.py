@@ -33,10 +33,10 @@ from dlrm.embedding.update import GradientPiece, apply_pieces
 from dlrm.optim.config import optimizer_spec
 from dlrm.optim.optimizers import Adagrad, RowwiseAdagrad, create_optimizer
 from dlrm.train.state import restore_training_state
-from tests.harness.assembly import assembled_run
-from tests.harness.datasets import SMALL_TABLES, synthetic_dataset
-from tests.harness.placements import plan_for
-from tests.unit.simulated_ranks import SimulatedCollectives, run_ranks
+from harness.assembly import assembled_run
+from harness.datasets import SMALL_TABLES, synthetic_dataset
+from harness.placements import plan_for
+from harness.simulated_ranks import SimulatedCollectives, run_ranks
 
 ROWS, DIM = 23, 7
 EPSILON, LEARNING_RATE, INITIAL = 1e-7, 0.1, 0.1

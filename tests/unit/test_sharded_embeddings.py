@@ -1,5 +1,5 @@
 """ShardedEmbeddings and the Trainer on W ranks simulated in one process (one
-thread per rank, tests/unit/simulated_ranks.py), against one process on the
+thread per rank, harness/simulated_ranks.py), against one process on the
 global batch: every rank's vectors, every shard's initial values and gradient,
 and the weights after a few training steps, for plans of every kind, a rank that
 holds no model-parallel shard, and both input modes. Real horovodrun processes
@@ -31,9 +31,9 @@ from dlrm.optim.optimizers import create_optimizer
 from dlrm.train.precision import choose_precision
 from dlrm.train.schedule import DlrmSchedule, ScheduleConfig
 from dlrm.train.trainer import Trainer
-from tests.harness.placements import DIM, plan_for
-from tests.unit.non_finite import nan_in_one_logit, nan_in_one_vector_gradient
-from tests.unit.simulated_ranks import Hub, SimulatedCollectives, run_ranks
+from harness.non_finite import nan_in_one_logit, nan_in_one_vector_gradient
+from harness.placements import DIM, plan_for
+from harness.simulated_ranks import Hub, SimulatedCollectives, run_ranks
 
 CARDINALITIES = (23, 7, 300, 11, 5)
 HOTNESS = (1, 2, 1, 3, 1)

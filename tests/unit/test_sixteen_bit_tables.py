@@ -24,9 +24,9 @@ from dlrm.embedding.shard import ShardingKind, TableShard
 from dlrm.embedding.update import GradientPiece, apply_pieces
 from dlrm.optim.optimizers import Adagrad, Adam, Optimizer, RowwiseAdagrad, Sgd
 from dlrm.train.state import save_training_state
-from tests.harness.assembly import SMALL_MODEL, assembled_run
-from tests.harness.datasets import SMALL_TABLES, dataset_fixture
-from tests.unit import test_embedding_apply as apply_tests
+from harness import embedding_updates as apply_tests
+from harness.assembly import SMALL_MODEL, assembled_run, batches
+from harness.datasets import SMALL_TABLES, dataset_fixture
 
 DTYPES = [tf.bfloat16, tf.float16]
 DTYPE_IDS = ["bfloat16", "float16"]
@@ -200,7 +200,7 @@ OPTIMIZER_CLASSES: dict[str, type[Optimizer]] = {
 def test_the_apply_kernel_stores_a_neighbour_of_the_float32_update(
     library: Any, optimizer: str, dtype: tf.DType
 ) -> None:
-    case = apply_tests._two_tables(optimizer)
+    case = apply_tests.two_tables(optimizer)
     case.tables = [widened(t, dtype) for t in case.tables]
     tables = [tf.Variable(tf.cast(t, dtype)) for t in case.tables]
     slots = [[tf.Variable(s) for s in table_slots] for table_slots in case.slots]
@@ -286,8 +286,6 @@ def test_the_planner_counts_two_bytes_a_value_and_float32_slots() -> None:
 def test_sixteen_bit_tables_train(
     library: Any, dataset: Path, embedding_dtype: str, use_kernels: bool
 ) -> None:
-    from tests.unit.test_trainer import batches
-
     run = assembled_run(
         dataset,
         optimizer="adagrad",
@@ -308,8 +306,6 @@ def test_sixteen_bit_tables_train(
 def test_a_float32_checkpoint_restores_into_bfloat16_tables_and_says_so(
     library: Any, dataset: Path, tmp_path: Path
 ) -> None:
-    from tests.unit.test_trainer import batches
-
     wide = assembled_run(dataset, optimizer="adagrad")
     assert wide.trainer is not None
     for b in batches(dataset, 2):
@@ -342,8 +338,6 @@ def test_a_resumed_16_bit_run_repeats_the_uninterrupted_one_bit_for_bit(
     """The rounding's bits come from the optimizer's step, which the checkpoint
     keeps (and from --seed, the same): resuming draws what the uninterrupted
     run drew."""
-    from tests.unit.test_trainer import batches
-
     settings = {"optimizer": "adagrad", "embedding_dtype": "bfloat16", "use_kernels": use_kernels}
     data = batches(dataset, 6)
     straight = assembled_run(dataset, **settings)

@@ -16,7 +16,7 @@ from dataloading.split_binary import InputMode, LastBatch, ShardSpec, SplitBinar
 from dataloading.synthetic import generate_split_binary
 from feature_spec import FeatureSpec, FeatureSpecError
 from feature_spec.staged import write_file_atomically
-from tests.harness.datasets import dataset_fixture
+from harness.datasets import dataset_fixture
 
 # Odd sizes so that shape and offset bugs surface.
 CARDINALITIES = (23, 7, 300, 40000, 11)

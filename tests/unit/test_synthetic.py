@@ -20,7 +20,7 @@ from dataloading.files import RaggedIds, SplitBinaryFiles
 from dataloading.synthetic import build_teacher, generate_split_binary, main
 from dataloading.teacher import FeatureSampler, Teacher, power_law_ids
 from feature_spec import FeatureSpec, FeatureSpecError
-from tests.unit.reference_metrics import reference_auc
+from harness.reference_metrics import reference_auc
 
 CARDINALITIES = (23, 7, 300, 40000, 2)
 HEX8 = re.compile(r"^[0-9a-f]{8}$")

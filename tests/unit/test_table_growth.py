@@ -29,9 +29,9 @@ from dlrm.embedding.initializer import initial_table_values
 from dlrm.embedding.shard import ShardingKind
 from dlrm.train.state import restore_training_state
 from feature_spec.vocabulary import METADATA_KEY, VocabularyLineage
-from tests.harness.assembly import SMALL_MODEL, assembled_run, small_config
-from tests.harness.datasets import SMALL_TABLES
-from tests.unit.simulated_ranks import SimulatedCollectives, run_ranks
+from harness.assembly import SMALL_MODEL, assembled_run, small_config
+from harness.datasets import SMALL_TABLES
+from harness.simulated_ranks import SimulatedCollectives, run_ranks
 
 DIM = SMALL_MODEL["embedding_dim"]
 BATCH = SMALL_MODEL["batch_size"]

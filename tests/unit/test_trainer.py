@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from dataloading.split_binary import Batch, ShardSpec, SplitBinaryDataset
+from dataloading.split_binary import Batch
 from dlrm import kernels
 from dlrm.app.assembly import AssembledRun
 from dlrm.checkpoint.format import CheckpointError
@@ -20,30 +20,15 @@ from dlrm.checkpoint.model_state import check_model_matches
 from dlrm.checkpoint.reader import Checkpoint
 from dlrm.train.state import restore_training_state, save_training_state
 from dlrm.train.trainer import REQUESTS, NonFiniteLossError
-from feature_spec import FeatureSpec
-from tests.harness.assembly import SMALL_MODEL, assembled_run
-from tests.harness.datasets import SMALL_TABLES, dataset_fixture, synthetic_dataset
-from tests.unit.non_finite import NAN, DenseForward, nan_in_one_logit, nan_in_one_vector_gradient
+from harness.assembly import BATCH, assembled_run, batches, weights
+from harness.datasets import SMALL_TABLES, dataset_fixture, synthetic_dataset
+from harness.non_finite import NAN, DenseForward, nan_in_one_logit, nan_in_one_vector_gradient
 
-BATCH = SMALL_MODEL["batch_size"]
 # bfloat16 keeps 8 significant bits; round to nearest errs by at most half the last one.
 BFLOAT16_UNIT_ROUNDOFF = 2.0**-8
 
 
 dataset = dataset_fixture(SMALL_TABLES, 3, {"train": 20 * BATCH, "test": 500}, seed=4)
-
-
-def batches(dataset: Path, count: int) -> list[Batch]:
-    spec = FeatureSpec.load(dataset / "feature_spec.yaml")
-    data = SplitBinaryDataset(spec, "train", ShardSpec(BATCH))
-    return list(data.to_tf_dataset().take(count))
-
-
-def weights(s: AssembledRun) -> list[np.ndarray]:
-    assert s.trainer is not None
-    return [
-        np.asarray(v.numpy()) for v in s.trainer.dense_variables + s.trainer.embedding_variables
-    ]
 
 
 def flat(arrays: list[np.ndarray]) -> np.ndarray:

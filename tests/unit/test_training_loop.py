@@ -23,9 +23,9 @@ from dlrm.app.modes.training import NothingToTrainError, train
 from dlrm.app.restore import restore_for_training
 from dlrm.checkpoint.format import CheckpointError, list_checkpoints
 from dlrm.checkpoint.reader import Checkpoint
-from tests.harness.assembly import SMALL_MODEL, assembled_run
-from tests.harness.checkpoints import assert_identical
-from tests.harness.datasets import SMALL_TABLES, dataset_fixture
+from harness.assembly import SMALL_MODEL, assembled_run
+from harness.checkpoints import assert_identical
+from harness.datasets import SMALL_TABLES, dataset_fixture
 
 BATCH = SMALL_MODEL["batch_size"]
 STEPS = 10

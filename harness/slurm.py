@@ -9,7 +9,7 @@ the ports are free ones picked at start, and every client finds the config throu
 machine that already runs Slurm or munge is left alone. The project's `slurm/`
 batch scripts are submitted to it (`run_script`) with the variables a test gives.
 
-    python -m tests.harness.slurm DIR [--check]  # start; Ctrl-C stops
+    python -m harness.slurm DIR [--check]  # start; Ctrl-C stops
 """
 
 from __future__ import annotations
@@ -29,9 +29,9 @@ from pathlib import Path
 from typing import Any
 
 from dlrm.app.records import read_records
-from tests.harness import system
-from tests.harness.netns import NetnsCluster
-from tests.harness.processes import REPO
+from harness import system
+from harness.netns import NetnsCluster
+from harness.processes import REPO
 
 # The programs a cluster needs, and the Debian packages that bring them.
 PACKAGES = {"munged": "munge"} | {

@@ -1,6 +1,6 @@
 """One process trains a table of more than 2^31 rows, checkpoints and restores it.
 
-    python tests/integration/scripts/large_table.py DATASET REFERENCE_DATASET CHECKPOINTS STEPS
+    python harness/scripts/large_table.py DATASET REFERENCE_DATASET CHECKPOINTS STEPS
 
 DATASET holds one categorical feature of more than 2^31 rows (int64 ids, some of
 them >= 2^31); REFERENCE_DATASET is the same model's FeatureSpec with a table of
@@ -32,7 +32,7 @@ from dlrm.checkpoint.reader import Checkpoint
 from dlrm.embedding.base import assign_rows, read_rows
 from dlrm.embedding.initializer import initial_table_values
 from dlrm.train.state import restore_training_state, save_training_state
-from tests.harness.assembly import assembled_run
+from harness.assembly import assembled_run
 
 BATCH = 16
 REFERENCE_ROWS = 32

@@ -1,5 +1,5 @@
 """The parallelism invariant under real processes: runs of
-tests/integration/scripts/hybrid_steps.py (a few steps of each placement of the
+harness/scripts/hybrid_steps.py (a few steps of each placement of the
 tables, each rank's weights saved) on N ranks give the weights of one process on
 the same global batches (`assert_ranks_equal_one`)."""
 
@@ -10,9 +10,9 @@ from pathlib import Path
 
 import numpy as np
 
-from tests.harness.processes import on_ranks, run
+from harness.processes import on_ranks, run
 
-SCRIPT = "tests/integration/scripts/hybrid_steps.py"
+SCRIPT = "harness/scripts/hybrid_steps.py"
 STEPS, GLOBAL_BATCH = "5", "96"  # 96 divides by 2, 3 and 4 ranks
 # The tables of the runs' dataset, and their ids per row.
 CARDINALITIES = (23, 7, 300, 11, 5, 40, 9, 64)

@@ -1,5 +1,5 @@
 """A model exported by `main.py --mode export` and served from its SavedModel in a
-fresh process (tests/integration/scripts/serve_saved_model.py), against the model of
+fresh process (harness/scripts/serve_saved_model.py), against the model of
 the checkpoint it was exported from; SavedModels served where the project cannot be
 imported (`serve_without_the_project`), for the quantized export's tests and the
 serving benchmark."""
@@ -21,7 +21,7 @@ from dlrm.model.config import ModelConfig
 from dlrm.model.dlrm import Dlrm
 from dlrm.model.export import serving_inputs
 from feature_spec import FeatureSpec
-from tests.harness.processes import REPO, main_py, run
+from harness.processes import REPO, main_py, run
 
 
 def assert_export_serves_like_the_checkpoint(
@@ -46,7 +46,7 @@ def assert_export_serves_like_the_checkpoint(
     inputs = tmp_path / "inputs.npz"
     np.savez(inputs, numerical=numerical, **serving_inputs(batch.categorical, spec.cardinalities))
     served_path = tmp_path / "served.npy"
-    script = "tests/integration/scripts/serve_saved_model.py"
+    script = "harness/scripts/serve_saved_model.py"
     run(
         [sys.executable, script, str(saved_model), str(inputs), str(served_path)],
         timeout=120,
@@ -99,7 +99,7 @@ def serve_without_the_project(
     models: list[Path], inputs: Path, work: Path, timeout: float = 600
 ) -> list[dict[str, Any]]:
     """Serves each of `models` on `inputs` (.npz) in one fresh process that cannot
-    import this project (tests/integration/scripts/serve_without_the_project.py:
+    import this project (harness/scripts/serve_without_the_project.py:
     `python -I -S`, run from `work`, no PYTHONPATH); per model, `probability` [n]
     and its `table_bytes`, `dense_bytes` and `variables_bytes`."""
     output = work / "served.npz"

@@ -15,7 +15,7 @@ on a real cluster.
 a failed test. Needs root (or password-less sudo is not enough: `ip netns`
 runs as root); missing `ip` and `sshd` are installed with apt-get.
 
-    python -m tests.harness.netns DIR [--hosts 2]  # start; Ctrl-C stops
+    python -m harness.netns DIR [--hosts 2]  # start; Ctrl-C stops
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.harness.system import install_missing
+from harness.system import install_missing
 
 SSHD = "/usr/sbin/sshd"
 # Program -> the Debian package that brings it.

@@ -1,5 +1,5 @@
 """What the benchmark scripts share: flags, work directories, the default dataset,
-child processes (started as the tests start theirs, `tests.harness.processes`; on
+child processes (started as the tests start theirs, `harness.processes`; on
 given CPUs, their peak memory measured), figures written as JSON, and training
 samples/s, each in a process of its own: ours (`main.py` on one process or ranks;
 the median of its progress records after the first, which holds tracing and
@@ -27,7 +27,7 @@ from benchmarks.process_tree import tree_memory
 from dataloading.synthetic import generate_split_binary
 from dlrm.app.records import read_records
 from dlrm.model.config import ModelConfig, dense_training_flops
-from tests.harness.processes import REPO, main_py_command, process_env, run
+from harness.processes import REPO, main_py_command, process_env, run
 
 # Precision and compilation settings by name: (--amp, --xla).
 VARIANTS = {"fp32": (False, False), "amp": (True, False), "xla": (False, True)}

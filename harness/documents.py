@@ -30,7 +30,7 @@ from pathlib import Path
 import pytest
 
 from dlrm.app.records import last_record
-from tests.harness.processes import REPO, USER_ENV, run
+from harness.processes import REPO, USER_ENV, run
 
 RUNNABLE = "<!-- runnable -->"
 FILE_MARKER = re.compile(r"<!-- file: (\S+) -->")

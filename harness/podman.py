@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from tests.harness import system
+from harness import system
 
 # The programs the tests need, and the Debian packages that bring them.
 PROGRAMS = {"podman": "podman", "runc": "runc", "debootstrap": "debootstrap"}

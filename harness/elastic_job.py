@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from dlrm.app.records import read_records
-from tests.harness.netns import INTERFACE, NetnsCluster
-from tests.harness.processes import REPO, horovodrun, process_env
+from harness.netns import INTERFACE, NetnsCluster
+from harness.processes import REPO, horovodrun, process_env
 
 RUN_TIMEOUT_S = 420
 

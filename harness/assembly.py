@@ -1,6 +1,6 @@
 """A run assembled in the test's own process, as `dlrm-train` assembles it
 (`dlrm.app.assembly.assemble_run`), from a small model's `RunConfig` with the
-test's overrides."""
+test's overrides, and what tests read of it: its first batches, its weights."""
 
 from __future__ import annotations
 
@@ -9,10 +9,14 @@ import os
 from pathlib import Path
 from typing import Any, TextIO
 
+import numpy as np
+
+from dataloading.split_binary import Batch, ShardSpec, SplitBinaryDataset
 from dlrm.app.assembly import AssembledRun, assemble_run
 from dlrm.app.config import RunConfig
 from dlrm.app.reporting import MetricsLog
 from dlrm.distributed.collectives import Collectives
+from feature_spec import FeatureSpec
 
 # Widths 6 and odd MLP widths (so that shape bugs surface), Adagrad from the first step.
 SMALL_MODEL: dict[str, Any] = {
@@ -26,6 +30,7 @@ SMALL_MODEL: dict[str, Any] = {
     "top_mlp_dims": (11, 1),
     "seed": 1,
 }
+BATCH: int = SMALL_MODEL["batch_size"]
 
 
 def small_config(dataset: str | os.PathLike[str], **overrides: Any) -> RunConfig:
@@ -45,3 +50,18 @@ def assembled_run(
     `console` (by default, nowhere)."""
     log = MetricsLog(log_path, None, console=console or io.StringIO())
     return assemble_run(small_config(dataset, **overrides), log, collectives)
+
+
+def batches(dataset: Path, count: int) -> list[Batch]:
+    """The first `count` global batches of `BATCH` rows of `dataset`'s train split."""
+    spec = FeatureSpec.load(dataset / "feature_spec.yaml")
+    data = SplitBinaryDataset(spec, "train", ShardSpec(BATCH))
+    return list(data.to_tf_dataset().take(count))
+
+
+def weights(run: AssembledRun) -> list[np.ndarray]:
+    """Every dense weight, then every embedding variable, of `run`'s trainer."""
+    assert run.trainer is not None
+    return [
+        np.asarray(v.numpy()) for v in run.trainer.dense_variables + run.trainer.embedding_variables
+    ]

@@ -43,8 +43,8 @@ from dlrm.distributed.collectives import Collectives, create_collectives
 from dlrm.embedding.planner.types import TableSpec
 from dlrm.variables import variable_name
 from feature_spec import FeatureSpec
-from tests.harness.assembly import small_config
-from tests.harness.placements import DIM, PLANNER_DATA_PARALLEL_THRESHOLD, plan_for
+from harness.assembly import small_config
+from harness.placements import DIM, PLANNER_DATA_PARALLEL_THRESHOLD, plan_for
 
 CHUNK_ROWS = 20  # under the chunks variant: 96 rows are 20 x 4 + 16, 48 are 20 x 2 + 8
 CROSS_WIDTHS = (4, 6, 8)  # table t is CROSS_WIDTHS[t % 3] wide under the cross variant
@@ -74,7 +74,7 @@ def main() -> None:
 def run_config(
     dataset: str, kind: str, input_mode: str, optimizer: str, variant: set[str], batch: int
 ) -> RunConfig:
-    """The flags of a run: the small model (tests/harness/assembly.py), its variant,
+    """The flags of a run: the small model (harness/assembly.py), its variant,
     and under `planner` the threshold that replicates the smallest tables."""
     cross, tables = "cross" in variant, len(FeatureSpec.load(dataset).cardinalities)
     return small_config(

@@ -1,6 +1,6 @@
 """Placements of embedding tables on ranks, made by hand: each sharding kind for a
 table (`table_plan`), and the placements `plan_for` names (the script
-tests/integration/scripts/hybrid_steps.py lists them), which give a rank no
+harness/scripts/hybrid_steps.py lists them), which give a rank no
 model-parallel shard, only row ranges, or every kind at once."""
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ PLANNER_DATA_PARALLEL_THRESHOLD = 10 * DIM
 def plan_for(kind: str, specs: list[TableSpec], world: int, batch: int) -> ShardingPlan:
     """The plan of placement `kind`; replicated tables' gradients are exchanged as
     the planner's cost model chooses at `batch` (dense for the smallest tables).
-    (tests/integration/scripts/hybrid_steps.py leaves `planner` to `assemble_run`,
+    (harness/scripts/hybrid_steps.py leaves `planner` to `assemble_run`,
     as `dlrm-train` does.)"""
     if kind == "planner":
         config = PlannerConfig(

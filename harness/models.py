@@ -14,7 +14,7 @@ ADAM_FLAGS = [
 ]  # fmt: skip
 # Adagrad on widths 8, with a mixed plan on several ranks (tables of at most 2,000
 # elements replicated, the others model-parallel): the model whose checkpoints are
-# compared across world sizes (tests/harness/checkpoints.py's CROSS_WORLD). Flags
+# compared across world sizes (harness/checkpoints.py's CROSS_WORLD). Flags
 # given after these win.
 MIXED_PLAN_FLAGS = [
     "--batch_size=1024", "--optimizer=adagrad", "--learning_rate=0.05", "--warmup_steps=0",
