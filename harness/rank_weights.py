@@ -6,6 +6,7 @@ the same global batches (`assert_ranks_equal_one`)."""
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -33,15 +34,34 @@ AMP_NORM_RTOL = 2e-2
 AMP_BIAS_NORM_RTOL = 5e-2
 
 
-def hybrid_steps_command(dataset: Path, out: Path, runs: list[str]) -> list[str]:
+# Runs of the script on one dataset: (dataset, output directory, runs).
+RunGroup = tuple[Path, Path, Sequence[str]]
+
+
+def hybrid_steps_command(dataset: Path, out: Path, runs: Sequence[str]) -> list[str]:
     """The script's command line: `runs` (KIND:INPUT_MODE:OPTIMIZER[:VARIANT]) on
     `dataset`, their weights written under `out`."""
-    return [sys.executable, SCRIPT, str(dataset), str(out), STEPS, GLOBAL_BATCH, *runs]
+    return groups_command([(dataset, out, runs)])
 
 
-def hybrid_steps(ranks: int, dataset: Path, out: Path, runs: list[str]) -> None:
+def groups_command(groups: Sequence[RunGroup]) -> list[str]:
+    """The script's command line for several datasets' runs, trained in turn by the
+    same processes."""
+    command = [sys.executable, SCRIPT, STEPS, GLOBAL_BATCH]
+    for j, (dataset, out, runs) in enumerate(groups):
+        command += [*(["--"] if j else []), str(dataset), str(out), *runs]
+    return command
+
+
+def hybrid_steps(ranks: int, dataset: Path, out: Path, runs: Sequence[str]) -> None:
     """Runs the script as `ranks` processes on this host."""
-    run(on_ranks(ranks, hybrid_steps_command(dataset, out, runs)), timeout=900, check=True)
+    hybrid_steps_groups(ranks, [(dataset, out, runs)])
+
+
+def hybrid_steps_groups(ranks: int, groups: Sequence[RunGroup]) -> None:
+    """Runs the script on several datasets (`groups_command`) as one launch of `ranks`
+    processes on this host."""
+    run(on_ranks(ranks, groups_command(groups)), timeout=900, check=True)
 
 
 def load(directory: Path, rank: int) -> dict[str, np.ndarray]:

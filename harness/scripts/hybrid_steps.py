@@ -1,7 +1,9 @@
 """Trains a few steps with given placements of the embedding tables and saves the
 resulting weights, under horovodrun or as one process.
 
-Usage: hybrid_steps.py DATASET OUT STEPS GLOBAL_BATCH RUN...
+Usage: hybrid_steps.py STEPS GLOBAL_BATCH DATASET OUT RUN... [-- DATASET OUT RUN...]...
+The groups (a dataset, an output directory, runs) train in turn in the same
+processes: a launch's start costs more than most of its runs.
 RUN is KIND:INPUT_MODE:OPTIMIZER[:VARIANT]. KIND is `local` (LocalEmbeddings,
 one process) or a placement on the ranks:
 - data_parallel, table_wise, column_wise, row_wise: every table so placed;
@@ -52,23 +54,37 @@ LEARNING_RATES = {"sgd": 0.5, "adagrad": 0.1, "adam": 0.01, "rowwise_adagrad": 0
 
 
 def main() -> None:
-    dataset, out, steps, batch = sys.argv[1:5]
+    steps, batch = sys.argv[1:3]
     collectives = create_collectives()
-    for run in sys.argv[5:]:
-        kind, input_mode, optimizer, *variant = run.split(":")
-        directory = Path(out) / run.replace(":", "_")
-        directory.mkdir(parents=True, exist_ok=True)
-        train(
-            dataset,
-            collectives,
-            kind,
-            input_mode,
-            optimizer,
-            set(variant[0].split("+")) if variant else set(),
-            int(steps),
-            int(batch),
-            directory,
-        )
+    for dataset, out, runs in run_groups(sys.argv[3:]):
+        for run in runs:
+            kind, input_mode, optimizer, *variant = run.split(":")
+            directory = out / run.replace(":", "_")
+            directory.mkdir(parents=True, exist_ok=True)
+            train(
+                dataset,
+                collectives,
+                kind,
+                input_mode,
+                optimizer,
+                set(variant[0].split("+")) if variant else set(),
+                int(steps),
+                int(batch),
+                directory,
+            )
+
+
+def run_groups(arguments: list[str]) -> list[tuple[str, Path, list[str]]]:
+    """The (DATASET, OUT, RUNs) groups of `arguments`, which `--` separates."""
+    groups, group = [], []
+    for argument in [*arguments, "--"]:
+        if argument != "--":
+            group.append(argument)
+            continue
+        dataset, out, *runs = group
+        groups.append((dataset, Path(out), runs))
+        group = []
+    return groups
 
 
 def run_config(

@@ -40,9 +40,10 @@ def test_two_ranks_resume_a_one_rank_checkpoint_like_one_rank(
     data = f"--dataset_path={dataset}"
     one, mixed = tmp_path / "one", tmp_path / "mixed"
     # 20 steps on one process, then 20 on 2 ranks (at most CROSS_WORLD_STEPS), against
-    # 40 on one process.
-    train(1, data, "--max_steps=40", f"--save_checkpoint_path={one}")
-    train(1, data, "--max_steps=20", f"--save_checkpoint_path={mixed}")
+    # 40 on one process: the 2 ranks start from that run's checkpoint of step 20 (a
+    # run of 20 steps would write the same).
+    train(1, data, "--max_steps=40", "--checkpoint_every_steps=20", f"--save_checkpoint_path={one}")
+    assert Checkpoint(one / "step_000000020").step == 20
     # A plan with every kind of placement, given to main.py with --sharding_plan.
     plan = plan_sharding(
         [TableSpec(rows, 8) for rows in EIGHT_TABLES],
@@ -67,7 +68,7 @@ def test_two_ranks_resume_a_one_rank_checkpoint_like_one_rank(
         data,
         "--max_steps=40",
         f"--save_checkpoint_path={mixed}",
-        f"--restore_checkpoint_path={mixed}",
+        f"--restore_checkpoint_path={one / 'step_000000020'}",
         f"--sharding_plan={plan_file}",
     )
     two_ranks = last_record(mixed / "metrics.jsonl", "summary")

@@ -1,6 +1,7 @@
-"""`--optimizer rowwise_adagrad` under real `horovodrun --gloo` processes: N ranks
-train as one process does, and its [rows, 1] accumulators survive a reshard from
-2 ranks to 1.
+"""`--optimizer rowwise_adagrad` under real `horovodrun --gloo` processes: its
+[rows, 1] accumulators survive a reshard from 2 ranks to 1. (That N ranks train as
+one process does is checked in test_hybrid_parallel.py, whose launches its runs
+share.)
 
 Plans without column-wise tables only: a column shard keeps its own row
 accumulators (the mean over its own columns, as TorchRec's column shards do), so
@@ -12,44 +13,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
-
 from dlrm.checkpoint.reader import Checkpoint
 from harness.checkpoints import CROSS_WORLD, assert_close
-from harness.datasets import dataset_fixture, synthetic_dataset
+from harness.datasets import dataset_fixture
 from harness.models import EIGHT_TABLES, MIXED_PLAN_FLAGS
 from harness.processes import main_py
-from harness.rank_weights import CARDINALITIES, HOTNESS, assert_ranks_equal_one, hybrid_steps
-
-# Row ranges beside whole tables, and every table replicated (its gradient
-# exchanged dense for the smallest tables, sparse for the others).
-RUNS = {
-    2: ["row_wise_rank:model_parallel", "data_parallel:data_parallel"],
-    3: ["row_wise_rank:data_parallel"],
-}
-REFERENCE = "local:model_parallel:rowwise_adagrad:fp32"
 
 dataset = dataset_fixture(EIGHT_TABLES, 5, {"train": 24_000, "test": 2_000}, seed=3)
-
-
-@pytest.fixture(scope="module")
-def tables(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = synthetic_dataset(
-        tmp_path_factory, CARDINALITIES, 3, {"train": 2000}, 4, hotness=HOTNESS
-    )
-    hybrid_steps(1, path, path / "out_1", [REFERENCE])
-    return path
-
-
-@pytest.mark.parametrize("ranks", list(RUNS))
-def test_ranks_equal_one(tables: Path, ranks: int) -> None:
-    runs = [f"{run}:rowwise_adagrad:fp32" for run in RUNS[ranks]]
-    hybrid_steps(ranks, tables, tables / f"out_{ranks}", runs)
-    reference = tables / "out_1" / REFERENCE.replace(":", "_")
-    for run in runs:
-        kind = run.split(":")[0]
-        assert_ranks_equal_one(reference, tables / f"out_{ranks}" / run.replace(":", "_"),
-                               ranks, "fp32", kind)  # fmt: skip
 
 
 def test_two_ranks_state_resumes_on_one_like_a_straight_run(dataset: Path, tmp_path: Path) -> None:
