@@ -139,6 +139,10 @@ def slurm_conf(
             "SelectTypeParameters=CR_Core",
             "SlurmdParameters=config_overrides",
             "SchedulerType=sched/backfill",
+            # A job submitted starts at once: by default slurmctld may hold a batch job
+            # up to 3 s (batch_sched_delay) to schedule several together, which on a
+            # test cluster is only waiting.
+            "SchedulerParameters=batch_sched_delay=0",
             "SwitchType=switch/none",
             "MpiDefault=none",
             "JobAcctGatherType=jobacct_gather/none",
@@ -288,7 +292,7 @@ class SlurmCluster:
                     )
             if ready():
                 return
-            time.sleep(0.5)
+            time.sleep(0.2)
         raise SlurmClusterError(f"no {what} after {timeout:.0f} s:\n{self.logs()}")
 
     def client(
@@ -356,7 +360,7 @@ class SlurmCluster:
                     f"job {job_id} still {job.get('JobState')} after {timeout:.0f} s; "
                     f"cancelled:\n{tail(Path(job.get('StdOut', '')))}"
                 )
-            time.sleep(2)
+            time.sleep(0.25)  # scontrol answers in milliseconds; jobs here end in seconds
 
     def logs(self, characters: int = 3000) -> str:
         """The end of every daemon log, for failure messages."""

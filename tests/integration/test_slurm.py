@@ -67,7 +67,9 @@ def assert_trained_two_ranks(checkpoints: Path, output: Path, steps: int) -> Non
     assert kinds == {"data_parallel", "table_wise"}, f"{kinds}\n{tail(output)}"
 
 
-REQUEUE_STEPS = 600  # 39 steps an epoch; each stop lands within a few dozen steps of a start
+# 39 steps an epoch; each stop lands within a few dozen steps of a start (11-16 seen),
+# so the second of two stops still comes well before the end.
+REQUEUE_STEPS = 240
 REQUEUE_FLAGS = [*JOB_FLAGS, "--epochs=16", f"--max_steps={REQUEUE_STEPS}", "--print_freq=5"]
 
 
@@ -128,14 +130,15 @@ class RequeuedJob:
         # credential revoked") and the job fails, as seen on a loaded machine.
         # Nor may it start within the second in which the last run was killed: slurmd
         # refuses a credential whose time (whole seconds) is not after the job's
-        # revocation (seen: killed at 20:59:02.2, started again at 20:59:02.9).
+        # revocation (seen: killed at 20:59:02.2, started again at 20:59:02.9), so
+        # the release waits for the next whole second after the node is idle again.
         while (
             self.cluster.job(self.job_id).get("JobState") != "PENDING"
             or not self.cluster.all_idle()
         ):
             assert time.monotonic() < self.deadline, tail(self.output)
-            time.sleep(1)
-        time.sleep(1.5)
+            time.sleep(0.2)
+        time.sleep(1.2 - time.time() % 1)
         self.cluster.client(["scontrol", "update", f"JobId={self.job_id}", "StartTime=now"])
 
     def assert_ends_like(self, straight: Checkpoint, restarts: int) -> None:

@@ -3,11 +3,12 @@ runs one rank on each node.
 
 The nodes are the hosts node1 and node2 of a `NetnsCluster` (network namespaces
 with their own address, hostname and sshd; harness/netns.py);
-`MultiNodeSlurmCluster` (harness/slurm.py) runs munged and
-slurmd on each, slurmctld and the clients on node1. Both are started once for the
-module and stopped at its end, whatever the outcome. The checks read what the job
-wrote: its end state, the hosts of the ranks in the metrics log, and the sharding
-plan, whose model-parallel tables must land on both ranks, so on both nodes.
+`MultiNodeSlurmCluster` (harness/slurm.py) runs munged and slurmd on each,
+slurmctld and the clients on node1. Both are started once for the module and
+stopped at its end, whatever the outcome; the two scripts' jobs run side by side.
+The checks read what each job wrote: its end state, the hosts of the ranks in the
+metrics log, and the sharding plan, whose model-parallel tables must land on both
+ranks, so on both nodes.
 """
 
 from __future__ import annotations
@@ -25,11 +26,12 @@ from harness.datasets import dataset_fixture
 from harness.models import JOB_FLAGS, JOB_TABLES
 from harness.netns import INTERFACE, NetnsCluster, netns_cluster
 from harness.slurm import (
+    JOB_TIMEOUT,
     SlurmCluster,
     assert_completed,
     job_summary,
-    run_script,
     start_multi_node_cluster,
+    start_script,
     tail,
 )
 
@@ -57,21 +59,41 @@ def cluster(
 dataset = dataset_fixture(JOB_TABLES, 13, {"train": 20_000, "test": 4_000}, seed=5)
 
 
-@pytest.mark.parametrize("script", ["train_horovodrun.sbatch", "train_srun.sbatch"])
-def test_two_node_job_runs_a_rank_on_each_node(
-    cluster: SlurmCluster, dataset: Path, tmp_path: Path, script: str
-) -> None:
-    output, checkpoints = tmp_path / "job.out", tmp_path / "checkpoints"
-    environment = {
-        "DATASET_PATH": str(dataset),
-        "CHECKPOINT_DIR": str(checkpoints),
-        # horovodrun: the hosts' link (lo would be chosen otherwise). srun: unused.
-        "HOROVODRUN_ARGS": f"--network-interface {INTERFACE}",
-    }
-    job = run_script(
-        cluster, script, output, environment, JOB_FLAGS, ("--ntasks-per-node=1",), nodes=2
-    )
+SCRIPTS = ("train_horovodrun.sbatch", "train_srun.sbatch")
 
+
+@pytest.fixture(scope="module")
+def jobs(
+    cluster: SlurmCluster, dataset: Path, tmp_path_factory: pytest.TempPathFactory
+) -> dict[str, tuple[dict[str, str], Path, Path]]:
+    """Each training script's 2-node job, submitted together (each takes one CPU of
+    each node, so both fit at once): script -> its end state, output file and
+    checkpoint directory."""
+    started = {}
+    for script in SCRIPTS:
+        directory = tmp_path_factory.mktemp(script.split(".")[0])
+        output, checkpoints = directory / "job.out", directory / "checkpoints"
+        environment = {
+            "DATASET_PATH": str(dataset),
+            "CHECKPOINT_DIR": str(checkpoints),
+            # horovodrun: the hosts' link (lo would be chosen otherwise). srun: unused.
+            "HOROVODRUN_ARGS": f"--network-interface {INTERFACE}",
+        }
+        job_id = start_script(
+            cluster, script, output, environment, JOB_FLAGS, ("--ntasks-per-node=1",), nodes=2
+        )
+        started[script] = (job_id, output, checkpoints)
+    return {
+        script: (cluster.wait_for_job(job_id, timeout=JOB_TIMEOUT), output, checkpoints)
+        for script, (job_id, output, checkpoints) in started.items()
+    }
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_two_node_job_runs_a_rank_on_each_node(
+    jobs: dict[str, tuple[dict[str, str], Path, Path]], script: str
+) -> None:
+    job, output, checkpoints = jobs[script]
     assert_completed(job, output)
     assert job.get("NodeList") == "node[1-2]", f"{job}\n{tail(output)}"
     assert job_summary(checkpoints / "metrics.jsonl", output)["world_size"] == 2

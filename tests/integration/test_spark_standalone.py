@@ -98,8 +98,8 @@ class StandaloneSpark:
         return f"spark://{self.head}:{MASTER_PORT}"
 
     def start(self) -> StandaloneSpark:
-        """Starts the master and the workers; waits until every worker has
-        registered (stopping them all if one does not)."""
+        """Starts the master and the workers, without waiting for them to register
+        (`wait_for_workers`), so that something else can run meanwhile."""
         try:
             self._daemon("master", self.head, "master.Master", "--port", str(MASTER_PORT))
             for host in self.hosts.members:
@@ -108,7 +108,6 @@ class StandaloneSpark:
                     f"worker-{host.name}", host.name, "worker.Worker",
                     "--cores", "1", "--memory", WORKER_MEMORY, "--work-dir", str(work), self.url,
                 )  # fmt: skip
-            self._wait_for_workers()
         except BaseException:
             self.stop()
             raise
@@ -140,7 +139,9 @@ class StandaloneSpark:
                 stdin=subprocess.DEVNULL,
             )
 
-    def _wait_for_workers(self) -> None:
+    def wait_for_workers(self) -> None:
+        """Returns once every worker has registered with the master (at once when
+        they have already); raises if a daemon exited or the time ran out."""
         deadline = time.monotonic() + START_TIMEOUT_S
         workers = [f"worker-{host.name}" for host in self.hosts.members]
         while True:
@@ -214,6 +215,8 @@ def hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NetnsCluster]:
 def spark_cluster(
     hosts: NetnsCluster, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[StandaloneSpark]:
+    """Its daemons still starting: each test waits for the workers first, the first
+    test after the local-mode reference has run beside their start."""
     spark = StandaloneSpark(hosts, tmp_path_factory.mktemp("spark")).start()
     yield spark
     spark.stop()
@@ -341,6 +344,7 @@ class EventLog:
 def test_cluster_output_equals_local_mode(
     spark_cluster: StandaloneSpark, raw: Path, local_run: Path, tmp_path: Path
 ) -> None:
+    spark_cluster.wait_for_workers()
     out = tmp_path / "dataset"
     result = spark_cluster.hosts.run(
         spark_cluster.head,
@@ -402,6 +406,7 @@ def test_losing_a_worker_mid_stage_reruns_its_tasks_on_the_other(
     """node2 dies while it runs its first Python task of the train split (a binary
     writer); the run ends as if it had not.
     Last in the module: node2 stays down."""
+    spark_cluster.wait_for_workers()
     out = tmp_path / "dataset"
     # Resumes after the local run's parse and vocabulary stages, so that the first
     # Python task on node2 belongs to a split.
