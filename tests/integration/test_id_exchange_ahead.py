@@ -18,9 +18,9 @@ from harness.datasets import dataset_fixture
 from harness.models import EIGHT_TABLES, MIXED_PLAN_FLAGS
 from harness.processes import main_py
 
-BATCH = 768  # divides by 2 and 3
-EPOCH_STEPS = 6
-MAX_STEPS = 10  # the second epoch stops after 4 of its 6 steps
+BATCH = 192  # divides by 2 and 3
+EPOCH_STEPS = 3
+MAX_STEPS = 5  # the second epoch stops after 2 of its 3 steps
 # Some tables multi-hot, one of them replicated (rows <= 2,000 / 8).
 HOTNESS = (1, 3, 1, 2, 1, 1, 4, 1)
 
@@ -43,7 +43,7 @@ def train(ranks: int, dataset: Path, out: Path, *flags: str) -> dict[str, object
         f"--max_steps={MAX_STEPS}",
         "--epochs=2",
         "--evals_per_epoch=1",
-        "--checkpoint_every_steps=4",
+        "--checkpoint_every_steps=2",
         "--keep_checkpoints=5",
         f"--save_checkpoint_path={out}",
         *flags,
@@ -64,9 +64,9 @@ def test_ids_exchanged_a_step_ahead_write_the_checkpoints_of_steps_exchanging_th
     assert own["ids_exchanged_ahead"] == 0
     assert ahead["auc"] == own["auc"]
     steps = checkpoint_steps(tmp_path / "own")
-    # After steps 4 and 8, at the evaluation after step 6 (the epoch's end), and
+    # After steps 2 and 4, at the evaluation after step 3 (the epoch's end), and
     # at the last step.
-    assert steps == [4, 6, 8, 10]
+    assert steps == [2, 3, 4, 5]
     assert checkpoint_steps(tmp_path / "ahead") == steps
     for step in steps:
         name = f"step_{step:09d}"

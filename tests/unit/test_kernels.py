@@ -243,8 +243,28 @@ print(bool(module.dlrm_all_finite([tf.constant([1.0, 2.0])])))
 """
 
 
-def test_first_use_builds_the_library_once_for_ranks_that_start_together(tmp_path: Path) -> None:
-    env = {"TF_CPP_MIN_LOG_LEVEL": "3"}
+# A compiler whose output is the installed library, copied: the build's lock,
+# staging and rename run as for g++, without its half a minute of compiling (the
+# real first-use compile runs in tests/integration/test_wheel_install.py). It notes
+# each call in argv[0]'s directory.
+COPYING_COMPILER = """#!/bin/sh
+echo "$@" >> "$(dirname "$0")/calls"
+while [ $# -gt 1 ]; do
+    if [ "$1" = -o ]; then output="$2"; fi
+    shift
+done
+exec cp "{library}" "$output"
+"""
+
+
+def test_first_use_builds_the_library_once_for_ranks_that_start_together(
+    tmp_path: Path, library: Any
+) -> None:
+    compiler = tmp_path / "compiler" / "c++"
+    compiler.parent.mkdir()
+    compiler.write_text(COPYING_COMPILER.format(library=kernels.library_path()))
+    compiler.chmod(0o755)
+    env = {"TF_CPP_MIN_LOG_LEVEL": "3", "CXX": str(compiler)}
     command = [sys.executable, "-c", FIRST_USE, str(tmp_path / "kernels")]
     with ThreadPoolExecutor(2) as pool:  # both ranks at once
         ranks = list(pool.map(lambda _: run(command, 300, env, cwd=tmp_path), range(2)))
@@ -253,6 +273,8 @@ def test_first_use_builds_the_library_once_for_ranks_that_start_together(tmp_pat
         assert rank.stdout.strip() == "True"
     compiled = [line for rank in ranks for line in rank.stderr.splitlines() if "compiling" in line]
     assert len(compiled) == 1, ranks
+    (call,) = (tmp_path / "compiler" / "calls").read_text().splitlines()  # the compiler ran once
+    assert "-shared" in call.split(), call
     assert f"into {tmp_path / 'kernels'}" in compiled[0]
     # The library alone (and the ranks' lock), no half-written file or objects left.
     library = f"dlrm_kernels-{kernels.fingerprint()}.so"
