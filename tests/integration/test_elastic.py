@@ -88,12 +88,41 @@ def uninterrupted(
     return run_uninterrupted(job, *HOSTS)
 
 
+@pytest.fixture(scope="module")
+def straight_runs() -> dict[tuple[tuple[str, ...], int, int], ElasticJob]:
+    """The runs that never failed, by (hosts, the checkpoint continued from, the
+    last step): two jobs whose worlds continued from the same checkpoint on the
+    same hosts (the killed rank and the link down, usually) share one."""
+    return {}
+
+
+def straight_run(
+    runs: dict[tuple[tuple[str, ...], int, int], ElasticJob],
+    job: ElasticJob,
+    hosts: tuple[str, ...],
+    start: int,
+    end: int,
+) -> ElasticJob:
+    """A launch on `hosts` that continues from `job`'s checkpoint at `start` to
+    `end` without failing: one run per (hosts, start, end) in the module."""
+    key = (hosts, start, end)
+    if key not in runs:
+        directory = job.directory.parent / f"straight_{len(runs)}"
+        straight = elastic_job(job.cluster, directory, job.dataset, flags=(f"--max_steps={end}",))
+        source = step_checkpoint(job, start).path
+        shutil.copytree(source, straight.run / source.name)
+        runs[key] = run_uninterrupted(straight, *hosts)
+    return runs[key]
+
+
 def step_checkpoint(job: ElasticJob, step: int) -> Checkpoint:
     return Checkpoint(job.run / f"step_{step:09d}")
 
 
 def assert_each_world_like_a_straight_run(
-    job: ElasticJob, uninterrupted: ElasticJob, dataset: Path, directory: Path
+    job: ElasticJob,
+    uninterrupted: ElasticJob,
+    runs: dict[tuple[tuple[str, ...], int, int], ElasticJob],
 ) -> None:
     """`job`'s first world wrote the uninterrupted run's checkpoints; each later
     world, from the checkpoint it continued from to the next world's (or the end),
@@ -106,13 +135,8 @@ def assert_each_world_like_a_straight_run(
     for step in range(EVERY, starts[0] + 1, EVERY):
         assert_identical(step_checkpoint(job, step), step_checkpoint(uninterrupted, step))
     ends = [*starts[1:], STEPS]
-    for n, (reset, start, end) in enumerate(zip(resets, starts, ends, strict=True)):
-        straight = elastic_job(
-            job.cluster, directory / f"world_{n + 2}", dataset, flags=(f"--max_steps={end}",)
-        )
-        source = step_checkpoint(job, start).path
-        shutil.copytree(source, straight.run / source.name)
-        run_uninterrupted(straight, *reset["hosts"])
+    for reset, start, end in zip(resets, starts, ends, strict=True):
+        straight = straight_run(runs, job, tuple(reset["hosts"]), start, end)
         for step in range(start + EVERY, end + 1, EVERY):
             assert_identical(step_checkpoint(job, step), step_checkpoint(straight, step))
     summary = job.records("summary")[-1]
@@ -143,6 +167,7 @@ def test_a_host_killed_mid_epoch_then_listed_again_shrinks_the_job_and_grows_it_
     cluster: NetnsCluster,
     dataset: Path,
     uninterrupted: ElasticJob,
+    straight_runs: dict[tuple[tuple[str, ...], int, int], ElasticJob],
     tmp_path: Path,
 ) -> None:
     """node3's rank is killed (power lost) after the checkpoint at step 20 and a few
@@ -161,7 +186,7 @@ def test_a_host_killed_mid_epoch_then_listed_again_shrinks_the_job_and_grows_it_
     assert joined["step"] % EVERY == 0 and joined["step"] > lost["step"], joined
     recovered = job.records("elastic_recovered")[0]["time"] - failed_at
     print(f"killed, then back: first step on 2 ranks {recovered:.1f} s after the kill")
-    assert_each_world_like_a_straight_run(job, uninterrupted, dataset, tmp_path)
+    assert_each_world_like_a_straight_run(job, uninterrupted, straight_runs)
 
 
 @pytest.mark.parametrize("failure", ["rank_killed", "link_down"])
@@ -169,6 +194,7 @@ def test_a_failed_host_leaves_the_job_on_two_ranks(
     cluster: NetnsCluster,
     dataset: Path,
     uninterrupted: ElasticJob,
+    straight_runs: dict[tuple[tuple[str, ...], int, int], ElasticJob],
     tmp_path: Path,
     failure: str,
 ) -> None:
@@ -195,7 +221,7 @@ def test_a_failed_host_leaves_the_job_on_two_ranks(
     assert lost["lost"] == ["node3"] and lost["ended_at_step"] >= at, lost
     recovered = job.records("elastic_recovered")[0]["time"] - failed_at
     print(f"{failure}: first step on 2 ranks {recovered:.1f} s after node3 failed")
-    assert_each_world_like_a_straight_run(job, uninterrupted, dataset, tmp_path)
+    assert_each_world_like_a_straight_run(job, uninterrupted, straight_runs)
 
 
 def test_fewer_ranks_than_min_np_end_the_job_within_a_bound_naming_host_and_checkpoint(
