@@ -90,9 +90,7 @@ def write_test_split_inputs(dataset: Path, rows: int, path: Path) -> np.ndarray:
     return np.asarray(batch.label).reshape(-1)
 
 
-SERVE_WITHOUT_THE_PROJECT = (
-    REPO / "tests" / "integration" / "scripts" / "serve_without_the_project.py"
-)
+SERVE_WITHOUT_THE_PROJECT = REPO / "harness" / "scripts" / "serve_without_the_project.py"
 
 
 def serve_without_the_project(
